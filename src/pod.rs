@@ -1,0 +1,114 @@
+//! Small read helpers over a typed Pod, shared by the mutation steps and validation.
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::policy::Policy;
+use crate::quantity;
+
+/// Where a container sits in the pod spec; the words are those a user sees in messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContainerKind {
+    Init,
+    /// An init container with `restartPolicy: Always` (Kubernetes native sidecar).
+    Sidecar,
+    Regular,
+}
+
+impl ContainerKind {
+    pub fn of_init(c: &Container) -> Self {
+        if c.restart_policy.as_deref() == Some("Always") {
+            ContainerKind::Sidecar
+        } else {
+            ContainerKind::Init
+        }
+    }
+
+    pub fn noun(self) -> &'static str {
+        match self {
+            ContainerKind::Init => "init container",
+            ContainerKind::Sidecar => "sidecar container",
+            ContainerKind::Regular => "container",
+        }
+    }
+}
+
+/// Init containers (in order) then regular containers; never ephemeral ones, which may not
+/// carry resources or mounts.
+pub fn containers(spec: &PodSpec) -> impl Iterator<Item = (ContainerKind, &Container)> {
+    spec.init_containers
+        .iter()
+        .flatten()
+        .map(|c| (ContainerKind::of_init(c), c))
+        .chain(spec.containers.iter().map(|c| (ContainerKind::Regular, c)))
+}
+
+/// Mutable twin of [`containers`].
+pub fn containers_mut(spec: &mut PodSpec) -> impl Iterator<Item = (ContainerKind, &mut Container)> {
+    spec.init_containers
+        .iter_mut()
+        .flatten()
+        .map(|c| (ContainerKind::of_init(c), c))
+        .chain(
+            spec.containers
+                .iter_mut()
+                .map(|c| (ContainerKind::Regular, c)),
+        )
+}
+
+/// The quantity a container asks for: its request, or its limit (the apiserver copies a
+/// limit into a missing request).
+pub fn asked<'a>(c: &'a Container, resource: &str) -> Option<&'a Quantity> {
+    let r = c.resources.as_ref()?;
+    r.requests
+        .as_ref()
+        .and_then(|m| m.get(resource))
+        .or_else(|| r.limits.as_ref().and_then(|m| m.get(resource)))
+}
+
+/// GPU resources a container asks for (a positive amount), with the amount in nano-units.
+/// Unparseable amounts count as asking: the apiserver will judge them, not us.
+pub fn gpus_of(policy: &Policy, c: &Container) -> Vec<(String, i128)> {
+    let mut out: Vec<(String, i128)> = Vec::new();
+    let Some(r) = c.resources.as_ref() else {
+        return out;
+    };
+    let names = [r.requests.as_ref(), r.limits.as_ref()]
+        .into_iter()
+        .flatten()
+        .flat_map(|m| m.keys());
+    for name in names {
+        if policy.gpu.is_gpu(name) && !out.iter().any(|(n, _)| n == name) {
+            let amount = asked(c, name).map_or(0, |q| quantity::parse(&q.0).unwrap_or(1));
+            if amount > 0 {
+                out.push((name.clone(), amount));
+            }
+        }
+    }
+    out
+}
+
+/// Whether any container or init container of the pod asks for a GPU.
+pub fn asks_for_gpu(policy: &Policy, pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .is_some_and(|s| containers(s).any(|(_, c)| !gpus_of(policy, c).is_empty()))
+}
+
+/// A name a user recognises: the pod's name, or its generateName prefix for controller pods.
+pub fn display_name(pod: &Pod) -> String {
+    match (&pod.metadata.name, &pod.metadata.generate_name) {
+        (Some(n), _) if !n.is_empty() => n.clone(),
+        (_, Some(g)) if !g.is_empty() => format!("{g}*"),
+        _ => "(unnamed)".to_owned(),
+    }
+}
+
+/// Whether an annotation is present with the value "true".
+pub fn annotation_is_true(pod: &Pod, key: &str) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}

@@ -1,0 +1,794 @@
+//! The policy: what tollgate injects and enforces, as data.
+//!
+//! Loaded from YAML (or JSON) text; no I/O here. Every section has a default so that a
+//! platform team can write only what differs, but unknown fields are errors: a typo in a
+//! policy must never silently turn a rule off.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::glob;
+use crate::quantity;
+
+/// Why a policy could not be loaded: where, which field, and what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("{file}: not valid YAML: {message}")]
+    Syntax { file: String, message: String },
+    #[error("{file}: field `{field}`: {message}")]
+    Field {
+        file: String,
+        field: String,
+        message: String,
+    },
+}
+
+impl PolicyError {
+    fn field(source: &str, field: impl Into<String>, message: impl Into<String>) -> Self {
+        PolicyError::Field {
+            file: source.to_owned(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Policy {
+    /// Which extended resources count as GPUs.
+    pub gpu: GpuPolicy,
+    /// Which pods are training pods (the ones that get mutated).
+    pub selection: Selection,
+    /// The opt-out annotation and where it is honoured.
+    pub opt_out: OptOut,
+    pub mutation: Mutation,
+    pub validation: Validation,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct GpuPolicy {
+    /// Extended resource names treated as GPUs.
+    pub resources: Vec<String>,
+    /// Treat every extended resource (a name with a domain outside kubernetes.io) as a GPU,
+    /// as the built-in ExtendedResourceToleration admission plugin does.
+    pub all_extended_resources: bool,
+}
+
+impl Default for GpuPolicy {
+    fn default() -> Self {
+        GpuPolicy {
+            resources: vec![
+                "nvidia.com/gpu".into(),
+                "amd.com/gpu".into(),
+                "gpu.intel.com/i915".into(),
+            ],
+            all_extended_resources: false,
+        }
+    }
+}
+
+impl GpuPolicy {
+    /// Whether a resource name counts as a GPU under this policy.
+    pub fn is_gpu(&self, resource: &str) -> bool {
+        self.resources.iter().any(|r| r == resource)
+            || (self.all_extended_resources && quantity::is_extended_resource(resource))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Selection {
+    /// A pod carrying any of these label keys (any value) is a training pod.
+    pub workload_labels: Vec<String>,
+    /// A pod with this annotation set to "true" is a training pod.
+    pub training_annotation: String,
+    /// A pod that requests any GPU resource is a training pod.
+    pub gpu_pods: bool,
+}
+
+impl Default for Selection {
+    fn default() -> Self {
+        Selection {
+            workload_labels: vec![
+                "training.kubeflow.org/job-name".into(),
+                "volcano.sh/job-name".into(),
+                "jobset.sigs.k8s.io/jobset-name".into(),
+                "batch.kubernetes.io/job-name".into(),
+                "leaderworkerset.sigs.k8s.io/name".into(),
+                "ray.io/node-type".into(),
+            ],
+            training_annotation: "tollgate.dev/training".into(),
+            gpu_pods: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct OptOut {
+    /// The pod annotation that asks to skip tollgate (value "true").
+    pub annotation: String,
+    /// Namespaces (names or globs with `*` and `?`) where the opt-out is honoured.
+    pub namespaces: Vec<String>,
+    /// Requesting users (globs) whose opt-out is honoured. With `groups`, empty means anyone.
+    pub users: Vec<String>,
+    /// Requesting groups (globs) whose opt-out is honoured. With `users`, empty means anyone.
+    pub groups: Vec<String>,
+}
+
+impl Default for OptOut {
+    fn default() -> Self {
+        OptOut {
+            annotation: "tollgate.dev/opt-out".into(),
+            namespaces: vec!["*".into()],
+            users: vec![],
+            groups: vec!["system:masters".into()],
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Mutation {
+    /// Which operations are mutated.
+    pub operations: Vec<Operation>,
+    /// Annotation recording the steps applied to a pod.
+    pub applied_annotation: String,
+    pub gpu_tolerations: GpuTolerations,
+    pub driver_mounts: DriverMounts,
+    pub metrics_sidecar: MetricsSidecar,
+    pub default_resources: DefaultResources,
+}
+
+impl Default for Mutation {
+    fn default() -> Self {
+        Mutation {
+            operations: vec![Operation::Create],
+            applied_annotation: "tollgate.dev/applied".into(),
+            gpu_tolerations: GpuTolerations::default(),
+            driver_mounts: DriverMounts::default(),
+            metrics_sidecar: MetricsSidecar::default(),
+            default_resources: DefaultResources::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Operation {
+    #[serde(rename = "CREATE")]
+    Create,
+    #[serde(rename = "UPDATE")]
+    Update,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct GpuTolerations {
+    pub enabled: bool,
+    /// Effect of the toleration added for each GPU resource.
+    pub effect: String,
+}
+
+impl Default for GpuTolerations {
+    fn default() -> Self {
+        GpuTolerations {
+            enabled: true,
+            effect: "NoSchedule".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DriverMounts {
+    pub enabled: bool,
+    /// Every volume tollgate adds has a name starting with this prefix.
+    pub volume_prefix: String,
+    /// Per GPU resource: what to mount into containers that request it.
+    pub resources: BTreeMap<String, DriverResource>,
+}
+
+impl Default for DriverMounts {
+    fn default() -> Self {
+        let mut resources = BTreeMap::new();
+        resources.insert(
+            "nvidia.com/gpu".to_owned(),
+            DriverResource {
+                mounts: vec![HostMount {
+                    name: "tollgate-nvidia-driver".into(),
+                    host_path: "/usr/local/nvidia".into(),
+                    r#type: "Directory".into(),
+                    mount_path: "/usr/local/nvidia".into(),
+                }],
+                env: vec![EnvEntry {
+                    name: "LD_LIBRARY_PATH".into(),
+                    value: "/usr/local/nvidia/lib64".into(),
+                    if_present: IfPresent::Append,
+                    separator: ":".into(),
+                }],
+            },
+        );
+        DriverMounts {
+            enabled: true,
+            volume_prefix: "tollgate-".into(),
+            resources,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DriverResource {
+    pub mounts: Vec<HostMount>,
+    pub env: Vec<EnvEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HostMount {
+    /// Volume name; must start with the volume prefix.
+    pub name: String,
+    /// Directory on the node.
+    pub host_path: String,
+    /// hostPath type, e.g. Directory or DirectoryOrCreate.
+    #[serde(default = "default_host_path_type")]
+    pub r#type: String,
+    /// Where it appears in the container (always read-only).
+    pub mount_path: String,
+}
+
+fn default_host_path_type() -> String {
+    "Directory".into()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnvEntry {
+    pub name: String,
+    pub value: String,
+    /// What to do when the container already sets this variable.
+    #[serde(default)]
+    pub if_present: IfPresent,
+    /// Separator for append and prepend.
+    #[serde(default = "default_separator")]
+    pub separator: String,
+}
+
+fn default_separator() -> String {
+    ":".into()
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum IfPresent {
+    /// Leave the user's value alone.
+    #[default]
+    Keep,
+    /// Add ours after the user's value, separated by `separator`.
+    Append,
+    /// Add ours before the user's value, separated by `separator`.
+    Prepend,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct MetricsSidecar {
+    pub enabled: bool,
+    /// `native`: an init container with restartPolicy Always (Kubernetes 1.29+), which lets
+    /// a Job's pod complete. `classic`: a regular container, for older clusters.
+    pub mode: SidecarMode,
+    /// The container to inject (a core/v1 Container).
+    pub container: Container,
+    /// Pod annotations to add (existing values are kept).
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Default for MetricsSidecar {
+    fn default() -> Self {
+        let container: Container = serde_json::from_value(serde_json::json!({
+            "name": "tollgate-metrics",
+            "image": "quay.io/prometheus/statsd-exporter:v0.28.0",
+            "args": ["--web.listen-address=:9102", "--statsd.listen-udp=:9125"],
+            "ports": [
+                {"name": "tg-metrics", "containerPort": 9102, "protocol": "TCP"},
+                {"name": "tg-statsd", "containerPort": 9125, "protocol": "UDP"}
+            ],
+            "resources": {
+                "requests": {"cpu": "50m", "memory": "64Mi"},
+                "limits": {"cpu": "200m", "memory": "128Mi"}
+            },
+            "securityContext": {
+                "allowPrivilegeEscalation": false,
+                "readOnlyRootFilesystem": true,
+                "runAsNonRoot": true,
+                "runAsUser": 65534,
+                "capabilities": {"drop": ["ALL"]}
+            }
+        }))
+        .expect("built-in sidecar template is a valid Container");
+        let mut annotations = BTreeMap::new();
+        annotations.insert("prometheus.io/scrape".into(), "true".into());
+        annotations.insert("prometheus.io/port".into(), "9102".into());
+        MetricsSidecar {
+            enabled: true,
+            mode: SidecarMode::Native,
+            container,
+            annotations,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SidecarMode {
+    #[default]
+    Native,
+    Classic,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DefaultResources {
+    pub enabled: bool,
+    /// Default limits (cpu, memory) for containers that set none.
+    pub limits: BTreeMap<String, Quantity>,
+    /// Defaults per GPU requested by the container (cpu, memory), used instead of `limits`
+    /// for GPU containers: 8 GPUs with `memory: 32Gi` gives a 256Gi limit.
+    pub per_gpu: BTreeMap<String, Quantity>,
+}
+
+impl Default for DefaultResources {
+    fn default() -> Self {
+        let mut limits = BTreeMap::new();
+        limits.insert("cpu".to_owned(), Quantity("2".into()));
+        limits.insert("memory".to_owned(), Quantity("4Gi".into()));
+        DefaultResources {
+            enabled: true,
+            limits,
+            per_gpu: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Validation {
+    pub enabled: bool,
+    /// enforce (deny), warn (allow with warnings) or audit (allow, audit annotation and log).
+    pub mode: Mode,
+    /// Operations judged; the others are allowed.
+    pub operations: Vec<Operation>,
+    /// Resources every container must request.
+    pub required_requests: Vec<String>,
+}
+
+impl Default for Validation {
+    fn default() -> Self {
+        Validation {
+            enabled: true,
+            mode: Mode::Enforce,
+            operations: vec![Operation::Create],
+            required_requests: vec!["cpu".into(), "memory".into()],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    Warn,
+    Audit,
+}
+
+impl Policy {
+    /// Parses and checks a policy. `source` names the text in errors (usually the file path).
+    pub fn from_text(source: &str, text: &str) -> Result<Policy, PolicyError> {
+        let value: Value = if text.trim().is_empty() {
+            Value::Object(Default::default())
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| PolicyError::Syntax {
+                file: source.to_owned(),
+                message: e.to_string(),
+            })?
+        };
+        let value = match value {
+            Value::Null => Value::Object(Default::default()),
+            v => v,
+        };
+        let policy: Policy = serde_path_to_error::deserialize(&value).map_err(|e| {
+            let field = e.path().to_string();
+            PolicyError::field(source, field, e.into_inner().to_string())
+        })?;
+        if let Some(container) = value.pointer("/mutation/metricsSidecar/container") {
+            check_no_unknown_fields(source, "mutation.metricsSidecar.container", container)?;
+        }
+        policy.check(source)?;
+        Ok(policy)
+    }
+
+    /// Semantic checks serde cannot express.
+    fn check(&self, source: &str) -> Result<(), PolicyError> {
+        let err = |field: &str, msg: String| Err(PolicyError::field(source, field, msg));
+        for (i, r) in self.gpu.resources.iter().enumerate() {
+            if !quantity::is_extended_resource(r) {
+                return err(
+                    &format!("gpu.resources[{i}]"),
+                    format!("{r:?} is not an extended resource name (like nvidia.com/gpu)"),
+                );
+            }
+        }
+        for (name, field) in [
+            (
+                &self.selection.training_annotation,
+                "selection.trainingAnnotation",
+            ),
+            (&self.opt_out.annotation, "optOut.annotation"),
+            (
+                &self.mutation.applied_annotation,
+                "mutation.appliedAnnotation",
+            ),
+        ] {
+            if let Err(m) = check_qualified_name(name) {
+                return err(field, m);
+            }
+        }
+        for (i, l) in self.selection.workload_labels.iter().enumerate() {
+            if let Err(m) = check_qualified_name(l) {
+                return err(&format!("selection.workloadLabels[{i}]"), m);
+            }
+        }
+        for (list, field) in [
+            (&self.opt_out.namespaces, "optOut.namespaces"),
+            (&self.opt_out.users, "optOut.users"),
+            (&self.opt_out.groups, "optOut.groups"),
+        ] {
+            for (i, p) in list.iter().enumerate() {
+                if p.is_empty() {
+                    return err(&format!("{field}[{i}]"), "empty pattern".into());
+                }
+                let _ = glob::matches(p, "");
+            }
+        }
+        if !matches!(
+            self.mutation.gpu_tolerations.effect.as_str(),
+            "NoSchedule" | "PreferNoSchedule" | "NoExecute" | ""
+        ) {
+            return err(
+                "mutation.gpuTolerations.effect",
+                format!(
+                    "{:?} is not a taint effect (NoSchedule, PreferNoSchedule, NoExecute)",
+                    self.mutation.gpu_tolerations.effect
+                ),
+            );
+        }
+        self.check_driver_mounts(source)?;
+        self.check_sidecar(source)?;
+        for (section, map) in [
+            (
+                "mutation.defaultResources.limits",
+                &self.mutation.default_resources.limits,
+            ),
+            (
+                "mutation.defaultResources.perGpu",
+                &self.mutation.default_resources.per_gpu,
+            ),
+        ] {
+            for (res, q) in map {
+                let field = format!("{section}.{res}");
+                if res != "cpu" && res != "memory" && res != "ephemeral-storage" {
+                    return err(
+                        &field,
+                        "only cpu, memory and ephemeral-storage can have defaults".into(),
+                    );
+                }
+                match quantity::parse(&q.0) {
+                    Ok(v) if v > 0 => {}
+                    Ok(_) => return err(&field, "must be greater than zero".into()),
+                    Err(e) => return err(&field, e.to_string()),
+                }
+            }
+        }
+        for (i, r) in self.validation.required_requests.iter().enumerate() {
+            if r.is_empty() || r.contains(char::is_whitespace) {
+                return err(
+                    &format!("validation.requiredRequests[{i}]"),
+                    format!("{r:?} is not a resource name"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn check_driver_mounts(&self, source: &str) -> Result<(), PolicyError> {
+        let dm = &self.mutation.driver_mounts;
+        let err = |field: String, msg: String| Err(PolicyError::field(source, field, msg));
+        if dm.enabled && dm.volume_prefix.is_empty() {
+            return err(
+                "mutation.driverMounts.volumePrefix".into(),
+                "must not be empty: it is how tollgate tells its volumes from the user's".into(),
+            );
+        }
+        let mut seen: BTreeMap<&str, &HostMount> = BTreeMap::new();
+        for (res, spec) in &dm.resources {
+            let base = format!("mutation.driverMounts.resources.{res}");
+            if !quantity::is_extended_resource(res) {
+                return err(base, format!("{res:?} is not an extended resource name"));
+            }
+            for (i, m) in spec.mounts.iter().enumerate() {
+                let f = format!("{base}.mounts[{i}]");
+                if !m.name.starts_with(&dm.volume_prefix) {
+                    return err(
+                        format!("{f}.name"),
+                        format!(
+                            "{:?} must start with the volume prefix {:?}",
+                            m.name, dm.volume_prefix
+                        ),
+                    );
+                }
+                if let Err(msg) = check_dns_label(&m.name) {
+                    return err(format!("{f}.name"), msg);
+                }
+                if !m.host_path.starts_with('/') {
+                    return err(format!("{f}.hostPath"), "must be an absolute path".into());
+                }
+                if !m.mount_path.starts_with('/') {
+                    return err(format!("{f}.mountPath"), "must be an absolute path".into());
+                }
+                if !matches!(
+                    m.r#type.as_str(),
+                    "" | "Directory"
+                        | "DirectoryOrCreate"
+                        | "File"
+                        | "FileOrCreate"
+                        | "Socket"
+                        | "CharDevice"
+                        | "BlockDevice"
+                ) {
+                    return err(
+                        format!("{f}.type"),
+                        format!("{:?} is not a hostPath type", m.r#type),
+                    );
+                }
+                if let Some(other) = seen.insert(&m.name, m) {
+                    if other.host_path != m.host_path || other.r#type != m.r#type {
+                        return err(
+                            format!("{f}.name"),
+                            format!(
+                                "volume {:?} is declared twice with different host paths",
+                                m.name
+                            ),
+                        );
+                    }
+                }
+            }
+            for (i, e) in spec.env.iter().enumerate() {
+                if e.name.is_empty() || e.name.contains('=') {
+                    return err(
+                        format!("{base}.env[{i}].name"),
+                        format!("{:?} is not an environment variable name", e.name),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_sidecar(&self, source: &str) -> Result<(), PolicyError> {
+        let s = &self.mutation.metrics_sidecar;
+        if !s.enabled {
+            return Ok(());
+        }
+        let f = "mutation.metricsSidecar.container";
+        if let Err(msg) = check_dns_label(&s.container.name) {
+            return Err(PolicyError::field(source, format!("{f}.name"), msg));
+        }
+        if s.container.image.as_deref().unwrap_or("").is_empty() {
+            return Err(PolicyError::field(
+                source,
+                format!("{f}.image"),
+                "an image is required",
+            ));
+        }
+        if let Some(res) = &s.container.resources {
+            let requests = res.requests.as_ref();
+            for (k, q) in res.limits.iter().flatten() {
+                let limit = quantity::parse(&q.0).map_err(|e| {
+                    PolicyError::field(source, format!("{f}.resources.limits.{k}"), e.to_string())
+                })?;
+                if let Some(r) = requests.and_then(|r| r.get(k)) {
+                    let req = quantity::parse(&r.0).map_err(|e| {
+                        PolicyError::field(
+                            source,
+                            format!("{f}.resources.requests.{k}"),
+                            e.to_string(),
+                        )
+                    })?;
+                    if req > limit {
+                        return Err(PolicyError::field(
+                            source,
+                            format!("{f}.resources.requests.{k}"),
+                            "request is above the limit",
+                        ));
+                    }
+                }
+            }
+            for (k, q) in requests.into_iter().flatten() {
+                quantity::parse(&q.0).map_err(|e| {
+                    PolicyError::field(source, format!("{f}.resources.requests.{k}"), e.to_string())
+                })?;
+            }
+        }
+        for k in s.annotations.keys() {
+            if let Err(m) = check_qualified_name(k) {
+                return Err(PolicyError::field(
+                    source,
+                    format!("mutation.metricsSidecar.annotations.{k}"),
+                    m,
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The env entries of the driver mounts for a resource, if any.
+    pub fn driver_env(&self, resource: &str) -> &[EnvEntry] {
+        self.mutation
+            .driver_mounts
+            .resources
+            .get(resource)
+            .map(|r| r.env.as_slice())
+            .unwrap_or(&[])
+    }
+}
+
+/// k8s-openapi's types ignore unknown fields; the policy must not, so compare what the typed
+/// model keeps with what was written.
+fn check_no_unknown_fields(source: &str, base: &str, written: &Value) -> Result<(), PolicyError> {
+    let typed: Container = serde_json::from_value(written.clone())
+        .map_err(|e| PolicyError::field(source, base, e.to_string()))?;
+    let kept = serde_json::to_value(&typed).unwrap_or(Value::Null);
+    if let Some(path) = first_unknown(written, &kept, base.to_owned()) {
+        return Err(PolicyError::field(source, path, "unknown field"));
+    }
+    Ok(())
+}
+
+fn first_unknown(written: &Value, kept: &Value, path: String) -> Option<String> {
+    match (written, kept) {
+        (Value::Object(w), Value::Object(k)) => w.iter().find_map(|(key, wv)| match k.get(key) {
+            None if !wv.is_null() => Some(format!("{path}.{key}")),
+            None => None,
+            Some(kv) => first_unknown(wv, kv, format!("{path}.{key}")),
+        }),
+        (Value::Array(w), Value::Array(k)) => w
+            .iter()
+            .zip(k)
+            .enumerate()
+            .find_map(|(i, (wv, kv))| first_unknown(wv, kv, format!("{path}[{i}]"))),
+        _ => None,
+    }
+}
+
+fn check_dns_label(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a valid name (lower-case letters, digits and '-', at most 63)"
+        ))
+    }
+}
+
+/// A label or annotation key: optional DNS prefix, '/', and a name of at most 63 characters.
+fn check_qualified_name(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'.'))
+    });
+    if name_ok && prefix_ok {
+        Ok(())
+    } else {
+        Err(format!("{key:?} is not a valid label or annotation key"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_default_policy_loads_and_matches_builtin_defaults() {
+        let text = include_str!("../policies/default.yaml");
+        let p = Policy::from_text("policies/default.yaml", text).unwrap();
+        assert_eq!(p, Policy::default());
+    }
+
+    #[test]
+    fn empty_policy_is_the_default() {
+        assert_eq!(Policy::from_text("x", "").unwrap(), Policy::default());
+    }
+
+    #[test]
+    fn unknown_field_names_file_and_path() {
+        let e = Policy::from_text(
+            "p.yaml",
+            "mutation:\n  gpuTolerations:\n    enabeld: true\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("p.yaml: field `mutation.gpuTolerations.enabeld`"),
+            "{e}"
+        );
+        assert!(e.contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn unknown_field_in_sidecar_template_is_an_error() {
+        let e = Policy::from_text(
+            "p.yaml",
+            "mutation:\n  metricsSidecar:\n    container:\n      name: m\n      image: i\n      imagePullPolicyy: Always\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("mutation.metricsSidecar.container.imagePullPolicyy"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        for (text, field) in [
+            ("validation:\n  mode: block\n", "validation.mode"),
+            (
+                "mutation:\n  defaultResources:\n    limits:\n      cpu: lots\n",
+                "mutation.defaultResources.limits.cpu",
+            ),
+            ("gpu:\n  resources: [gpu]\n", "gpu.resources[0]"),
+            (
+                "mutation:\n  gpuTolerations:\n    effect: Never\n",
+                "mutation.gpuTolerations.effect",
+            ),
+        ] {
+            let e = Policy::from_text("p.yaml", text).unwrap_err().to_string();
+            assert!(e.contains(&format!("field `{field}`")), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn syntax_errors_name_the_file() {
+        let e = Policy::from_text("p.yaml", "gpu: [\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("p.yaml: not valid YAML"), "{e}");
+    }
+}

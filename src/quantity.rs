@@ -1,0 +1,202 @@
+//! Kubernetes resource quantities as exact numbers.
+//!
+//! Comparing "1500m" with "2" or "1Gi" with "1000Mi" needs exact arithmetic: a float would
+//! round and an off-by-one limit below its request makes the apiserver reject the pod.
+//! Values are held in nano-units (10^-9) in an i128, which covers every suffix up to Ei.
+
+/// A quantity that could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a Kubernetes quantity (like 500m, 2, 4Gi or 1e3)")]
+pub struct QuantityError(pub String);
+
+const NANO: i128 = 1_000_000_000;
+
+/// Parses a quantity into nano-units. Fractions finer than a nano-unit round up, as the
+/// apiserver rounds up to its own precision.
+pub fn parse(s: &str) -> Result<i128, QuantityError> {
+    let err = || QuantityError(s.to_owned());
+    let s_trim = s.trim();
+    if s_trim.is_empty() || s_trim.len() > 64 {
+        return Err(err());
+    }
+    let (sign, body) = match s_trim.as_bytes()[0] {
+        b'-' => (-1, &s_trim[1..]),
+        b'+' => (1, &s_trim[1..]),
+        _ => (1, s_trim),
+    };
+    let num_end = body
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(body.len());
+    let (num, suffix) = body.split_at(num_end);
+    if num.is_empty() || num == "." || num.matches('.').count() > 1 {
+        return Err(err());
+    }
+    // (multiplier numerator, power of ten) so that value = num * mul * 10^pow10
+    let (mul, pow10): (i128, i32) = match suffix {
+        "" => (1, 0),
+        "n" => (1, -9),
+        "u" => (1, -6),
+        "m" => (1, -3),
+        "k" => (1, 3),
+        "M" => (1, 6),
+        "G" => (1, 9),
+        "T" => (1, 12),
+        "P" => (1, 15),
+        "E" => (1, 18),
+        "Ki" => (1 << 10, 0),
+        "Mi" => (1 << 20, 0),
+        "Gi" => (1 << 30, 0),
+        "Ti" => (1 << 40, 0),
+        "Pi" => (1 << 50, 0),
+        "Ei" => (1 << 60, 0),
+        s if s.starts_with(['e', 'E']) => {
+            let exp: i32 = s[1..].parse().map_err(|_| err())?;
+            if !(-30..=30).contains(&exp) {
+                return Err(err());
+            }
+            (1, exp)
+        }
+        _ => return Err(err()),
+    };
+    let (int_part, frac_part) = num.split_once('.').unwrap_or((num, ""));
+    let digits = format!("{int_part}{frac_part}");
+    let digits = digits.trim_start_matches('0');
+    if digits.len() > 30 {
+        return Err(err());
+    }
+    let mantissa: i128 = if digits.is_empty() {
+        0
+    } else {
+        digits.parse().map_err(|_| err())?
+    };
+    // value = mantissa * mul * 10^(pow10 - frac_len) ; in nano-units add 9
+    let exp = pow10 - frac_part.len() as i32 + 9;
+    let scaled = mantissa.checked_mul(mul).ok_or_else(err)?;
+    let value = if exp >= 0 {
+        scaled
+            .checked_mul(10i128.checked_pow(exp as u32).ok_or_else(err)?)
+            .ok_or_else(err)?
+    } else {
+        let d = 10i128.checked_pow((-exp) as u32).ok_or_else(err)?;
+        (scaled + d - 1) / d
+    };
+    Ok(sign * value)
+}
+
+/// Formats nano-units canonically: the largest binary suffix that is exact for byte-like
+/// amounts of at least 1Ki, else a plain number, else milli-, micro- or nano-units.
+pub fn format(nano: i128) -> String {
+    if nano % NANO == 0 {
+        let units = nano / NANO;
+        for (suffix, shift) in [
+            ("Ei", 60),
+            ("Pi", 50),
+            ("Ti", 40),
+            ("Gi", 30),
+            ("Mi", 20),
+            ("Ki", 10),
+        ] {
+            let m = 1i128 << shift;
+            if units != 0 && units % m == 0 {
+                return format!("{}{suffix}", units / m);
+            }
+        }
+        return units.to_string();
+    }
+    for (suffix, div) in [("m", 1_000_000i128), ("u", 1_000), ("n", 1)] {
+        if nano % div == 0 {
+            return format!("{}{suffix}", nano / div);
+        }
+    }
+    unreachable!("every integer is a multiple of 1")
+}
+
+/// Like [`format`], but for cpu prefers plain or milli-units over binary suffixes.
+pub fn format_for(resource: &str, nano: i128) -> String {
+    if resource == "cpu" {
+        if nano % NANO == 0 {
+            return (nano / NANO).to_string();
+        }
+        if nano % 1_000_000 == 0 {
+            return format!("{}m", nano / 1_000_000);
+        }
+    }
+    format(nano)
+}
+
+/// An extended resource: a fully-qualified name outside the kubernetes.io domains, or a
+/// hugepage. Extended resources cannot be overcommitted: request must equal limit.
+pub fn is_extended_resource(name: &str) -> bool {
+    match name.split_once('/') {
+        Some((domain, rest)) => {
+            !rest.is_empty()
+                && !domain.is_empty()
+                && domain != "kubernetes.io"
+                && !domain.ends_with(".kubernetes.io")
+                && !domain.starts_with("requests.")
+        }
+        None => false,
+    }
+}
+
+/// Resources that may not be overcommitted (request must equal limit).
+pub fn is_non_overcommittable(name: &str) -> bool {
+    is_extended_resource(name) || name.starts_with("hugepages-")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_suffixes_exactly() {
+        assert_eq!(parse("1").unwrap(), NANO);
+        assert_eq!(parse("500m").unwrap(), NANO / 2);
+        assert_eq!(parse("0.5").unwrap(), NANO / 2);
+        assert_eq!(parse("1Gi").unwrap(), (1 << 30) * NANO);
+        assert_eq!(parse("1024Mi").unwrap(), parse("1Gi").unwrap());
+        assert_eq!(parse("1e3").unwrap(), parse("1k").unwrap());
+        assert_eq!(parse("1.5Gi").unwrap(), 3 * (1 << 29) * NANO);
+        assert_eq!(parse("64Gi").unwrap(), 64 * (1 << 30) * NANO);
+        assert_eq!(parse("100n").unwrap(), 100);
+        assert_eq!(parse("-1").unwrap(), -NANO);
+        assert_eq!(parse("0.0000000001").unwrap(), 1, "rounds up");
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        for s in [
+            "",
+            "abc",
+            "1x",
+            "1.2.3",
+            ".",
+            "Gi",
+            "1e",
+            "1e999",
+            "99999999999999999999999999999999999Ei",
+        ] {
+            assert!(parse(s).is_err(), "{s}");
+        }
+    }
+
+    #[test]
+    fn formats_canonically() {
+        assert_eq!(format(parse("64Gi").unwrap() * 8), "512Gi");
+        assert_eq!(format(parse("1500m").unwrap()), "1500m");
+        assert_eq!(format_for("cpu", parse("8").unwrap() * 8), "64");
+        assert_eq!(format_for("cpu", parse("250m").unwrap() * 2), "500m");
+        assert_eq!(format(parse("1000").unwrap()), "1000");
+        assert_eq!(format(0), "0");
+    }
+
+    #[test]
+    fn extended_resources() {
+        assert!(is_extended_resource("nvidia.com/gpu"));
+        assert!(is_extended_resource("gpu.intel.com/i915"));
+        assert!(!is_extended_resource("cpu"));
+        assert!(!is_extended_resource("kubernetes.io/foo"));
+        assert!(!is_extended_resource("x.kubernetes.io/foo"));
+        assert!(is_non_overcommittable("hugepages-2Mi"));
+    }
+}

@@ -1,0 +1,326 @@
+//! The review pipeline: AdmissionReview bytes in, AdmissionReview out.
+//!
+//! Pure: no I/O and no clock. The HTTP routes and the `review` command both call
+//! [`review_bytes`], so what a user sees offline is what the cluster gets.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::admission::{self, AdmissionRequest, AdmissionResponse, AdmissionReview};
+use kube::core::{DynamicObject, Status};
+use serde_json::Value;
+
+use crate::mutate::{self, Step};
+use crate::optout::{self, OptOut};
+use crate::policy::{Operation, Policy};
+use crate::validate::{self, Verdict};
+
+/// Who asks, and where: what the opt-out governance looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct Requester<'a> {
+    pub namespace: &'a str,
+    pub username: &'a str,
+    pub groups: &'a [String],
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Mutate,
+    Validate,
+}
+
+impl Endpoint {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::Mutate => "mutate",
+            Endpoint::Validate => "validate",
+        }
+    }
+}
+
+/// The one-word result of a review, for metrics and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Result {
+    Allowed,
+    Patched,
+    Denied,
+    /// A well-formed review tollgate could not judge (answered with code 400).
+    Error,
+}
+
+impl Result {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Result::Allowed => "allowed",
+            Result::Patched => "patched",
+            Result::Denied => "denied",
+            Result::Error => "error",
+        }
+    }
+}
+
+/// A body that is not a usable AdmissionReview: the server answers 400 with this text.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ReviewError {
+    #[error("empty body: expected an admission.k8s.io/v1 AdmissionReview")]
+    Empty,
+    #[error("body is not JSON: {0}")]
+    NotJson(String),
+    #[error("not an admission.k8s.io/v1 AdmissionReview: {0}")]
+    NotAdmissionReview(String),
+    #[error("AdmissionReview has no request")]
+    NoRequest,
+}
+
+/// Everything a review produced: the response and what the shell logs and counts.
+#[derive(Debug, Clone)]
+pub struct Reviewed {
+    pub endpoint: Endpoint,
+    pub response: AdmissionResponse,
+    pub result: Result,
+    pub uid: String,
+    pub namespace: String,
+    /// The pod's name, or its generateName prefix followed by `*`.
+    pub name: String,
+    pub operation: String,
+    pub dry_run: bool,
+    pub username: String,
+    /// Mutation steps that changed the pod.
+    pub steps: Vec<Step>,
+    pub patch: Option<json_patch::Patch>,
+    /// What validation concluded, when it ran.
+    pub verdict: Option<Verdict>,
+    pub opt_out: Option<OptOut>,
+}
+
+impl Reviewed {
+    /// The AdmissionReview to send back, as JSON.
+    pub fn to_json(&self) -> Vec<u8> {
+        let review = self.response.clone().into_review();
+        // Serialising plain maps, strings and bytes cannot fail.
+        serde_json::to_vec(&review).unwrap_or_default()
+    }
+}
+
+/// Parses a body and reviews it. Errors are bodies that are not an AdmissionReview at all.
+pub fn review_bytes(
+    endpoint: Endpoint,
+    policy: &Policy,
+    body: &[u8],
+) -> std::result::Result<Reviewed, ReviewError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ReviewError::Empty);
+    }
+    match serde_json::from_slice::<AdmissionReview<Pod>>(body) {
+        Ok(review) => {
+            check_envelope(&review.types.api_version, &review.types.kind)?;
+            let req: AdmissionRequest<Pod> =
+                review.try_into().map_err(|_| ReviewError::NoRequest)?;
+            Ok(review_request(endpoint, policy, &req))
+        }
+        Err(typed_err) => slow_path(endpoint, body, typed_err),
+    }
+}
+
+fn check_envelope(api_version: &str, kind: &str) -> std::result::Result<(), ReviewError> {
+    if kind != "AdmissionReview" || api_version != "admission.k8s.io/v1" {
+        return Err(ReviewError::NotAdmissionReview(format!(
+            "apiVersion {api_version:?} kind {kind:?}; register the webhook with admissionReviewVersions: [v1]"
+        )));
+    }
+    Ok(())
+}
+
+/// The body did not parse as a review of a Pod: find out why, and answer accordingly.
+fn slow_path(
+    endpoint: Endpoint,
+    body: &[u8],
+    typed_err: serde_json::Error,
+) -> std::result::Result<Reviewed, ReviewError> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| ReviewError::NotJson(e.to_string()))?;
+    let Value::Object(map) = &value else {
+        return Err(ReviewError::NotAdmissionReview(
+            "the body is not a JSON object".into(),
+        ));
+    };
+    let field = |k: &str| map.get(k).and_then(Value::as_str).unwrap_or("");
+    check_envelope(field("apiVersion"), field("kind"))?;
+    if map.get("request").is_none_or(Value::is_null) {
+        return Err(ReviewError::NoRequest);
+    }
+    let review: AdmissionReview<DynamicObject> = serde_json::from_value(value)
+        .map_err(|e| ReviewError::NotAdmissionReview(e.to_string()))?;
+    let req: AdmissionRequest<DynamicObject> =
+        review.try_into().map_err(|_| ReviewError::NoRequest)?;
+    let mut reviewed = skeleton(endpoint, &req, None);
+    if req.kind.kind != "Pod" || req.kind.group != "" {
+        // Registered for more than pods by mistake: tollgate has no opinion, so it stays out
+        // of the way rather than blocking unrelated objects.
+        reviewed.response.warnings = Some(vec![format!(
+            "tollgate only reviews pods; this {} was allowed unchanged",
+            req.kind.kind
+        )]);
+        return Ok(reviewed);
+    }
+    reviewed.result = Result::Error;
+    reviewed.response.allowed = false;
+    reviewed.response.result = Status::failure(
+        &format!("tollgate could not read this pod: {typed_err}"),
+        "BadRequest",
+    )
+    .with_code(400);
+    Ok(reviewed)
+}
+
+fn skeleton<T: kube::Resource>(
+    endpoint: Endpoint,
+    req: &AdmissionRequest<T>,
+    pod: Option<&Pod>,
+) -> Reviewed {
+    let name = match pod {
+        Some(p) => crate::pod::display_name(p),
+        None => req.name.clone(),
+    };
+    Reviewed {
+        endpoint,
+        response: AdmissionResponse::from(req),
+        result: Result::Allowed,
+        uid: req.uid.clone(),
+        namespace: req.namespace.clone().unwrap_or_default(),
+        name,
+        operation: operation_str(&req.operation).to_owned(),
+        dry_run: req.dry_run,
+        username: req.user_info.username.clone().unwrap_or_default(),
+        steps: vec![],
+        patch: None,
+        verdict: None,
+        opt_out: None,
+    }
+}
+
+fn operation_str(op: &admission::Operation) -> &'static str {
+    match op {
+        admission::Operation::Create => "CREATE",
+        admission::Operation::Update => "UPDATE",
+        admission::Operation::Delete => "DELETE",
+        admission::Operation::Connect => "CONNECT",
+    }
+}
+
+fn policy_operation(op: &admission::Operation) -> Option<Operation> {
+    match op {
+        admission::Operation::Create => Some(Operation::Create),
+        admission::Operation::Update => Some(Operation::Update),
+        _ => None,
+    }
+}
+
+/// Reviews a parsed request.
+pub fn review_request(
+    endpoint: Endpoint,
+    policy: &Policy,
+    req: &AdmissionRequest<Pod>,
+) -> Reviewed {
+    let mut reviewed = skeleton(endpoint, req, req.object.as_ref());
+    let Some(pod) = req.object.as_ref() else {
+        return reviewed;
+    };
+    // Subresources (status, binding, ephemeralcontainers from `kubectl debug`) are not the
+    // pod its author wrote: never in tollgate's way.
+    if req.sub_resource.as_deref().is_some_and(|s| !s.is_empty()) {
+        return reviewed;
+    }
+    let Some(operation) = policy_operation(&req.operation) else {
+        return reviewed;
+    };
+    let groups = req.user_info.groups.as_deref().unwrap_or_default();
+    let namespace = req.namespace.as_deref().unwrap_or_default();
+    let username = req.user_info.username.as_deref().unwrap_or_default();
+    let who = Requester {
+        namespace,
+        username,
+        groups,
+    };
+    match endpoint {
+        Endpoint::Mutate => mutate_pod(policy, pod, operation, &who, &mut reviewed),
+        Endpoint::Validate => validate_pod(policy, pod, operation, &who, &mut reviewed),
+    }
+    reviewed
+}
+
+fn mutate_pod(
+    policy: &Policy,
+    pod: &Pod,
+    operation: Operation,
+    who: &Requester<'_>,
+    out: &mut Reviewed,
+) {
+    if !policy.mutation.operations.contains(&operation) {
+        return;
+    }
+    let mut warnings = vec![];
+    let opt_out = optout::decide(policy, pod, who);
+    match &opt_out {
+        OptOut::Honoured => {
+            out.response.audit_annotations = HashMap::from([(
+                "opt-out".to_owned(),
+                format!(
+                    "honoured for user {:?} in namespace {:?}",
+                    who.username, who.namespace
+                ),
+            )]);
+            out.opt_out = Some(opt_out);
+            return;
+        }
+        OptOut::Refused(why) => {
+            warnings.push(format!("tollgate: {why}; the pod was handled as usual"))
+        }
+        OptOut::NotRequested => {}
+    }
+    out.opt_out = Some(opt_out);
+    if mutate::is_training_pod(policy, pod) {
+        let mut mutated = pod.clone();
+        let before = serde_json::to_value(pod).unwrap_or(Value::Null);
+        let outcome = mutate::mutate(policy, &mut mutated);
+        let after = serde_json::to_value(&mutated).unwrap_or(Value::Null);
+        let patch = json_patch::diff(&before, &after);
+        warnings.extend(outcome.warnings);
+        out.steps = outcome.applied;
+        if !patch.0.is_empty() {
+            out.result = Result::Patched;
+            match out.response.clone().with_patch(patch.clone()) {
+                Ok(r) => out.response = r,
+                Err(_) => unreachable!("a JSON patch always serialises"),
+            }
+            out.patch = Some(patch);
+        }
+    }
+    if !warnings.is_empty() {
+        out.response.warnings = Some(warnings);
+    }
+}
+
+fn validate_pod(
+    policy: &Policy,
+    pod: &Pod,
+    operation: Operation,
+    who: &Requester<'_>,
+    out: &mut Reviewed,
+) {
+    let d = validate::validate(policy, pod, operation, who);
+    out.verdict = Some(d.verdict);
+    if d.verdict != Verdict::Skipped {
+        out.opt_out = Some(optout::decide(policy, pod, who));
+    }
+    if !d.allowed {
+        out.result = Result::Denied;
+        out.response.allowed = false;
+        out.response.result =
+            Status::failure(d.message.as_deref().unwrap_or("denied"), "Forbidden").with_code(403);
+    }
+    if !d.warnings.is_empty() {
+        out.response.warnings = Some(d.warnings);
+    }
+    out.response.audit_annotations = d.audit_annotations.into_iter().collect();
+}
