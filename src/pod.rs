@@ -112,3 +112,30 @@ pub fn annotation_is_true(pod: &Pod, key: &str) -> bool {
         .and_then(|a| a.get(key))
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
 }
+
+/// The apiserver's defaulting between the mutating and the validating webhooks, for the
+/// parts validation looks at: a container limit with no request becomes the request.
+pub fn default_requests_from_limits(pod: &mut serde_json::Value) {
+    use serde_json::Value;
+    for list in ["initContainers", "containers"] {
+        let Some(Value::Array(cs)) = pod.pointer_mut(&format!("/spec/{list}")) else {
+            continue;
+        };
+        for c in cs {
+            let Some(Value::Object(res)) = c.get_mut("resources") else {
+                continue;
+            };
+            let Some(Value::Object(limits)) = res.get("limits").cloned() else {
+                continue;
+            };
+            let requests = res
+                .entry("requests")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if let Value::Object(requests) = requests {
+                for (k, v) in limits {
+                    requests.entry(k).or_insert(v);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Prometheus metrics, served on their own plain-HTTP port.
+
+use std::sync::atomic::AtomicI64;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::optout::OptOut;
+use crate::review::Reviewed;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReviewLabels {
+    pub endpoint: &'static str,
+    pub operation: String,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    pub endpoint: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabels {
+    pub step: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum OptOutDecision {
+    Honoured,
+    Refused,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OptOutLabels {
+    pub endpoint: &'static str,
+    pub decision: OptOutDecision,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HashLabels {
+    pub hash: String,
+}
+
+/// Every metric tollgate exports. Cheap to update: atomics behind a lock-free map lookup.
+pub struct Metrics {
+    pub registry: Registry,
+    pub reviews: Family<ReviewLabels, Counter>,
+    pub duration: Family<EndpointLabels, Histogram>,
+    pub steps: Family<StepLabels, Counter>,
+    pub denials: Family<ReasonLabels, Counter>,
+    pub opt_outs: Family<OptOutLabels, Counter>,
+    pub policy_reloads: Family<ResultLabels, Counter>,
+    pub cert_reloads: Family<ResultLabels, Counter>,
+    pub policy_info: Family<HashLabels, Gauge>,
+    pub cert_expiry: Gauge<i64, AtomicI64>,
+    pub in_flight: Gauge,
+}
+
+/// Review latency buckets: 50 microseconds (a review's own cost) to 10 seconds (the
+/// apiserver's longest webhook timeout).
+const BUCKETS: [f64; 17] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+];
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("tollgate");
+        let reviews = Family::<ReviewLabels, Counter>::default();
+        let duration =
+            Family::<EndpointLabels, Histogram>::new_with_constructor(|| Histogram::new(BUCKETS));
+        let steps = Family::<StepLabels, Counter>::default();
+        let denials = Family::<ReasonLabels, Counter>::default();
+        let opt_outs = Family::<OptOutLabels, Counter>::default();
+        let policy_reloads = Family::<ResultLabels, Counter>::default();
+        let cert_reloads = Family::<ResultLabels, Counter>::default();
+        let policy_info = Family::<HashLabels, Gauge>::default();
+        let cert_expiry = Gauge::<i64, AtomicI64>::default();
+        let in_flight = Gauge::default();
+        registry.register(
+            "reviews",
+            "Admission reviews answered, by endpoint, operation and result (allowed, patched, denied, error)",
+            reviews.clone(),
+        );
+        registry.register(
+            "review_duration_seconds",
+            "Time to answer a review, from the request's arrival to the response",
+            duration.clone(),
+        );
+        registry.register(
+            "mutation_steps",
+            "Mutation steps that changed a pod, by step",
+            steps.clone(),
+        );
+        registry.register("denials", "Reviews denied, by reason", denials.clone());
+        registry.register(
+            "opt_outs",
+            "Opt-out annotations honoured or refused",
+            opt_outs.clone(),
+        );
+        registry.register(
+            "policy_reloads",
+            "Policy reloads, by result (success, failure)",
+            policy_reloads.clone(),
+        );
+        registry.register(
+            "certificate_reloads",
+            "Serving certificate reloads, by result (success, failure)",
+            cert_reloads.clone(),
+        );
+        registry.register(
+            "policy_info",
+            "The policy in force: 1 for the SHA-256 of its file",
+            policy_info.clone(),
+        );
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "Expiry of the serving certificate in use, seconds since the Unix epoch",
+            cert_expiry.clone(),
+        );
+        registry.register(
+            "requests_in_flight",
+            "HTTP requests being answered",
+            in_flight.clone(),
+        );
+        Metrics {
+            registry,
+            reviews,
+            duration,
+            steps,
+            denials,
+            opt_outs,
+            policy_reloads,
+            cert_reloads,
+            policy_info,
+            cert_expiry,
+            in_flight,
+        }
+    }
+
+    /// Counts a review the engine answered.
+    pub fn observe(&self, r: &Reviewed, seconds: f64) {
+        let endpoint = r.endpoint.as_str();
+        self.reviews
+            .get_or_create(&ReviewLabels {
+                endpoint,
+                operation: r.operation.clone(),
+                result: r.result.as_str(),
+            })
+            .inc();
+        self.duration
+            .get_or_create(&EndpointLabels { endpoint })
+            .observe(seconds);
+        for s in &r.steps {
+            self.steps
+                .get_or_create(&StepLabels { step: s.as_str() })
+                .inc();
+        }
+        if r.result == crate::review::Result::Denied {
+            let reason = r.verdict.map_or("unknown", |v| v.as_str());
+            self.denials.get_or_create(&ReasonLabels { reason }).inc();
+        }
+        let decision = match r.opt_out {
+            Some(OptOut::Honoured) => Some(OptOutDecision::Honoured),
+            Some(OptOut::Refused(_)) => Some(OptOutDecision::Refused),
+            _ => None,
+        };
+        if let Some(decision) = decision {
+            self.opt_outs
+                .get_or_create(&OptOutLabels { endpoint, decision })
+                .inc();
+        }
+    }
+
+    /// Counts a body that was not a usable review (answered with a 4xx).
+    pub fn observe_rejected(&self, endpoint: &'static str, seconds: f64) {
+        self.reviews
+            .get_or_create(&ReviewLabels {
+                endpoint,
+                operation: "unknown".into(),
+                result: "error",
+            })
+            .inc();
+        self.duration
+            .get_or_create(&EndpointLabels { endpoint })
+            .observe(seconds);
+    }
+
+    pub fn set_policy_hash(&self, hash: &str) {
+        self.policy_info.clear();
+        self.policy_info
+            .get_or_create(&HashLabels {
+                hash: hash.to_owned(),
+            })
+            .set(1);
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,645 @@
+//! The HTTP shell: routes, limits, TLS serving, reloads and graceful shutdown.
+//!
+//! Everything here is thin: the decision is [`crate::review::review_bytes`], the same call
+//! the `review` command makes.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio_rustls::TlsAcceptor;
+use tracing::{debug, info, warn};
+
+use crate::metrics::{Metrics, ResultLabels};
+use crate::optout::OptOut;
+use crate::policy::Policy;
+use crate::review::{review_bytes, Endpoint, Reviewed};
+use crate::tls::CertStore;
+
+/// The policy in force and the hash that identifies it in metrics and logs.
+#[derive(Debug)]
+pub struct ActivePolicy {
+    pub policy: Policy,
+    pub hash: String,
+}
+
+impl ActivePolicy {
+    pub fn new(policy: Policy, text: &[u8]) -> Self {
+        ActivePolicy {
+            policy,
+            hash: hex(&Sha256::digest(text)[..8]),
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Limits that protect the server from misbehaving clients. Every one is a flag.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest review body accepted. An UPDATE review carries the object and the old object,
+    /// each up to the apiserver's 3 MiB limit, plus the envelope.
+    pub max_body_bytes: usize,
+    /// Deadline for reading a request body and answering it, kept below the webhooks'
+    /// timeouts so that a slow client cannot hold a review past the apiserver's patience.
+    pub review_deadline: Duration,
+    /// Time a client may take to finish the TLS handshake.
+    pub handshake_timeout: Duration,
+    /// Time an HTTP/1.1 client may take to send its request headers.
+    pub header_timeout: Duration,
+    /// Open connections at once; more wait in the kernel's accept queue.
+    pub max_connections: usize,
+    /// HTTP/2 streams per connection.
+    pub max_streams: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 7 * 1024 * 1024,
+            review_deadline: Duration::from_secs(2),
+            handshake_timeout: Duration::from_secs(5),
+            header_timeout: Duration::from_secs(5),
+            max_connections: 1024,
+            max_streams: 256,
+        }
+    }
+}
+
+/// What every request handler shares.
+pub struct AppState {
+    pub policy: ArcSwap<ActivePolicy>,
+    pub metrics: Metrics,
+    pub limits: Limits,
+    /// False until the certificate is loaded, and again once shutdown starts.
+    pub ready: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(policy: ActivePolicy, limits: Limits) -> Arc<AppState> {
+        let metrics = Metrics::new();
+        metrics.set_policy_hash(&policy.hash);
+        Arc::new(AppState {
+            policy: ArcSwap::from_pointee(policy),
+            metrics,
+            limits,
+            ready: AtomicBool::new(true),
+        })
+    }
+}
+
+/// The webhook's routes. Used by the TLS server and, without a socket, by tests.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/mutate", any(mutate))
+        .route("/validate", any(validate))
+        .route("/healthz", any(healthz))
+        .route("/readyz", any(readyz))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// The metrics port's routes (plain HTTP, separate from the webhook's TLS port).
+pub fn metrics_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            any(
+                |State(s): State<Arc<AppState>>, method: Method| async move {
+                    if method != Method::GET {
+                        return wrong_method(&method, "GET").into_response();
+                    }
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        s.metrics.encode(),
+                    )
+                        .into_response()
+                },
+            ),
+        )
+        .fallback(|| async {
+            text(
+                StatusCode::NOT_FOUND,
+                "not found: metrics are at GET /metrics\n",
+            )
+        })
+        .with_state(state)
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body.into(),
+    )
+        .into_response()
+}
+
+fn wrong_method(method: &Method, allowed: &'static str) -> Response {
+    let mut r = text(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("method {method} not allowed here; use {allowed}\n"),
+    );
+    r.headers_mut()
+        .insert(header::ALLOW, header::HeaderValue::from_static(allowed));
+    r
+}
+
+async fn not_found(req: Request) -> Response {
+    text(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no route for {}; tollgate serves POST /mutate, POST /validate, GET /healthz and GET /readyz\n",
+            req.uri().path()
+        ),
+    )
+}
+
+async fn healthz(method: Method) -> Response {
+    if method != Method::GET && method != Method::HEAD {
+        return wrong_method(&method, "GET");
+    }
+    text(StatusCode::OK, "ok\n")
+}
+
+async fn readyz(State(s): State<Arc<AppState>>, method: Method) -> Response {
+    if method != Method::GET && method != Method::HEAD {
+        return wrong_method(&method, "GET");
+    }
+    if s.ready.load(Ordering::Relaxed) {
+        text(
+            StatusCode::OK,
+            format!("ready: policy {}\n", s.policy.load().hash),
+        )
+    } else {
+        text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+async fn mutate(State(s): State<Arc<AppState>>, req: Request) -> Response {
+    handle(s, Endpoint::Mutate, req).await
+}
+
+async fn validate(State(s): State<Arc<AppState>>, req: Request) -> Response {
+    handle(s, Endpoint::Validate, req).await
+}
+
+/// Decrements the in-flight gauge however the handler ends (including a dropped future).
+struct InFlight<'a>(&'a Metrics);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.dec();
+    }
+}
+
+async fn handle(s: Arc<AppState>, endpoint: Endpoint, req: Request) -> Response {
+    let start = Instant::now();
+    s.metrics.in_flight.inc();
+    let _guard = InFlight(&s.metrics);
+    if req.method() != Method::POST {
+        return wrong_method(req.method(), "POST");
+    }
+    let body = match read_body(&s.limits, req).await {
+        Ok(b) => b,
+        Err(resp) => {
+            s.metrics
+                .observe_rejected(endpoint.as_str(), start.elapsed().as_secs_f64());
+            return resp;
+        }
+    };
+    let active = s.policy.load();
+    match review_bytes(endpoint, &active.policy, &body) {
+        Ok(reviewed) => {
+            let out = reviewed.to_json();
+            let elapsed = start.elapsed();
+            s.metrics.observe(&reviewed, elapsed.as_secs_f64());
+            log_review(&reviewed, elapsed, &active.hash);
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                out,
+            )
+                .into_response()
+        }
+        Err(e) => {
+            s.metrics
+                .observe_rejected(endpoint.as_str(), start.elapsed().as_secs_f64());
+            warn!(endpoint = endpoint.as_str(), error = %e, "rejected a request that is not a usable AdmissionReview");
+            text(StatusCode::BAD_REQUEST, format!("{e}\n"))
+        }
+    }
+}
+
+async fn read_body(limits: &Limits, req: Request) -> Result<Bytes, Response> {
+    let too_large = || {
+        text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "request body larger than {} bytes (--max-body-bytes)\n",
+                limits.max_body_bytes
+            ),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limits.max_body_bytes as u64) {
+        return Err(too_large());
+    }
+    let read = axum::body::to_bytes(req.into_body(), limits.max_body_bytes);
+    match tokio::time::timeout(limits.review_deadline, read).await {
+        Err(_) => Err(text(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "request body not received within {:?} (--review-deadline)\n",
+                limits.review_deadline
+            ),
+        )),
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) => {
+            let is_limit = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                || e.to_string().contains("length limit");
+            if is_limit {
+                Err(too_large())
+            } else {
+                Err(text(
+                    StatusCode::BAD_REQUEST,
+                    format!("could not read the request body: {e}\n"),
+                ))
+            }
+        }
+    }
+}
+
+fn log_review(r: &Reviewed, elapsed: Duration, policy_hash: &str) {
+    let steps = r
+        .steps
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    info!(
+        uid = %r.uid,
+        endpoint = r.endpoint.as_str(),
+        namespace = %r.namespace,
+        name = %r.name,
+        operation = %r.operation,
+        dry_run = r.dry_run,
+        decision = r.result.as_str(),
+        verdict = r.verdict.map(|v| v.as_str()),
+        steps = %steps,
+        duration_us = elapsed.as_micros() as u64,
+        policy = policy_hash,
+        "review"
+    );
+    match &r.opt_out {
+        Some(OptOut::Honoured) => info!(
+            uid = %r.uid, endpoint = r.endpoint.as_str(), user = %r.username,
+            namespace = %r.namespace, name = %r.name, "opt-out honoured"
+        ),
+        Some(OptOut::Refused(why)) => info!(
+            uid = %r.uid, endpoint = r.endpoint.as_str(), user = %r.username,
+            namespace = %r.namespace, name = %r.name, reason = %why, "opt-out refused"
+        ),
+        _ => {}
+    }
+}
+
+/// Everything `serve` needs, from the command line.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub listen: SocketAddr,
+    pub metrics_listen: Option<SocketAddr>,
+    pub policy_path: PathBuf,
+    pub cert_path: PathBuf,
+    pub key_path: PathBuf,
+    pub client_ca: Option<PathBuf>,
+    pub limits: Limits,
+    /// How often the policy and certificate files are checked for changes.
+    pub reload_interval: Duration,
+    /// After SIGTERM, how long to keep accepting while endpoints are updated.
+    pub shutdown_delay: Duration,
+    /// After that, how long in-flight requests get before the server exits anyway.
+    pub drain_timeout: Duration,
+}
+
+/// Loads a policy file, for start-up and reloads.
+pub fn load_policy(path: &std::path::Path) -> Result<ActivePolicy, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let policy =
+        Policy::from_text(&path.display().to_string(), &text).map_err(|e| e.to_string())?;
+    Ok(ActivePolicy::new(policy, &bytes))
+}
+
+/// A running server: its addresses and a handle to stop it.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+    pub state: Arc<AppState>,
+    pub certs: Arc<CertStore>,
+    stop: watch::Sender<bool>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Starts graceful shutdown and waits for it to finish.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.done.await;
+    }
+
+    /// Waits for the server to stop after `signal` resolves.
+    pub async fn run_until(self, signal: impl Future<Output = ()>) {
+        signal.await;
+        self.shutdown().await;
+    }
+}
+
+/// Binds the sockets and starts serving in the background.
+pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
+    let active = load_policy(&opts.policy_path).map_err(anyhow::Error::msg)?;
+    let certs = Arc::new(CertStore::open(&opts.cert_path, &opts.key_path)?);
+    let tls = crate::tls::server_config(certs.clone(), opts.client_ca.as_deref())?;
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let state = AppState::new(active, opts.limits.clone());
+    state.metrics.cert_expiry.set(certs.not_after());
+
+    let listener = TcpListener::bind(opts.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.listen))?;
+    let addr = listener.local_addr()?;
+    let metrics_listener = match opts.metrics_listen {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {a} for metrics: {e}"))?,
+        ),
+        None => None,
+    };
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .map(|l| l.local_addr())
+        .transpose()?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let done = tokio::spawn(run(
+        opts,
+        listener,
+        metrics_listener,
+        acceptor,
+        state.clone(),
+        certs.clone(),
+        stop_rx,
+    ));
+    info!(%addr, metrics = ?metrics_addr, policy = %state.policy.load().hash, "tollgate serving");
+    Ok(Running {
+        addr,
+        metrics_addr,
+        state,
+        certs,
+        stop: stop_tx,
+        done,
+    })
+}
+
+async fn run(
+    opts: ServeOptions,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    acceptor: TlsAcceptor,
+    state: Arc<AppState>,
+    certs: Arc<CertStore>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let reloader = tokio::spawn(reload_loop(
+        opts.clone(),
+        state.clone(),
+        certs,
+        stop.clone(),
+    ));
+    let metrics_task = metrics_listener.map(|l| {
+        let app = metrics_router(state.clone());
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(l, app)
+                .with_graceful_shutdown(async move { stopped(&mut stop).await })
+                .await;
+        })
+    });
+
+    let app = router(state.clone());
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(opts.limits.max_connections.max(1)));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(opts.limits.header_timeout)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(opts.limits.max_streams)
+        .keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(10));
+    let builder = Arc::new(builder);
+    let mut draining = false;
+    let delay = tokio::time::sleep(Duration::MAX / 4);
+    tokio::pin!(delay);
+
+    loop {
+        let next = async {
+            let permit = slots.clone().acquire_owned().await;
+            (permit, listener.accept().await)
+        };
+        let (permit, accepted) = tokio::select! {
+            x = next => x,
+            _ = stopped(&mut stop), if !draining => {
+                // Readiness first, so endpoints drop this pod, then keep serving for the delay.
+                state.ready.store(false, Ordering::Relaxed);
+                info!(delay = ?opts.shutdown_delay, "shutdown requested: not ready, still serving");
+                draining = true;
+                delay.as_mut().reset(tokio::time::Instant::now() + opts.shutdown_delay);
+                continue;
+            }
+            _ = &mut delay, if draining => break,
+        };
+        let Ok(permit) = permit else { break };
+        let (tcp, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Without it, small HTTP/2 frames wait on delayed ACKs: tens of milliseconds of tail.
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let builder = builder.clone();
+        let service = TowerToHyperService::new(app.clone());
+        let watcher = graceful.watcher();
+        let handshake_timeout = opts.limits.handshake_timeout;
+        tokio::spawn(async move {
+            let _permit = permit;
+            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let conn = builder.serve_connection(TokioIo::new(tls), service);
+            if let Err(e) = watcher.watch(conn.into_owned()).await {
+                debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    info!(timeout = ?opts.drain_timeout, "no longer accepting; draining in-flight requests");
+    if tokio::time::timeout(opts.drain_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        warn!("drain timeout reached; exiting with requests still open");
+    }
+    reloader.abort();
+    if let Some(t) = metrics_task {
+        let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
+    }
+    info!("tollgate stopped");
+}
+
+/// Polls the policy and certificate files. Polling, not inotify: Kubernetes swaps a
+/// `..data` symlink for ConfigMap and Secret volumes, which file watches miss easily, and a
+/// read every few seconds costs nothing.
+async fn reload_loop(
+    opts: ServeOptions,
+    state: Arc<AppState>,
+    certs: Arc<CertStore>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut last_policy = std::fs::read(&opts.policy_path).ok();
+    let mut last_policy_error: Option<String> = None;
+    let mut last_cert_error: Option<String> = None;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(opts.reload_interval) => {}
+            _ = stopped(&mut stop) => return,
+        }
+        let current = std::fs::read(&opts.policy_path).ok();
+        if current.is_some() && current != last_policy {
+            match load_policy(&opts.policy_path) {
+                Ok(p) => {
+                    info!(policy = %p.hash, path = %opts.policy_path.display(), "policy reloaded");
+                    state.metrics.set_policy_hash(&p.hash);
+                    state.policy.store(Arc::new(p));
+                    state
+                        .metrics
+                        .policy_reloads
+                        .get_or_create(&ResultLabels { result: "success" })
+                        .inc();
+                    last_policy = current;
+                    last_policy_error = None;
+                }
+                Err(e) => {
+                    if last_policy_error.as_deref() != Some(e.as_str()) {
+                        warn!(error = %e, "policy reload rejected; the previous policy stays in force");
+                        state
+                            .metrics
+                            .policy_reloads
+                            .get_or_create(&ResultLabels { result: "failure" })
+                            .inc();
+                        last_policy_error = Some(e);
+                    }
+                }
+            }
+        }
+        match certs.reload() {
+            Ok(true) => {
+                let (c, _) = certs.paths();
+                info!(path = %c.display(), not_after = certs.not_after(), "serving certificate reloaded");
+                state.metrics.cert_expiry.set(certs.not_after());
+                state
+                    .metrics
+                    .cert_reloads
+                    .get_or_create(&ResultLabels { result: "success" })
+                    .inc();
+                last_cert_error = None;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                let e = e.to_string();
+                // A Secret update writes the two files one after the other; only a pair that
+                // stays bad is worth a warning, and only once.
+                if last_cert_error.as_deref() != Some(e.as_str()) {
+                    warn!(error = %e, "new certificate files rejected; the previous certificate stays in use");
+                    state
+                        .metrics
+                        .cert_reloads
+                        .get_or_create(&ResultLabels { result: "failure" })
+                        .inc();
+                    last_cert_error = Some(e);
+                }
+            }
+        }
+    }
+}
+
+/// Resolves once shutdown is requested (or the handle that requests it is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => info!("SIGINT received"),
+        _ = term => info!("SIGTERM received"),
+    }
+}

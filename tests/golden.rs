@@ -1,0 +1,372 @@
+//! Golden cases: one folder per case under `tests/golden/`, found automatically.
+//!
+//! A case folder holds:
+//! - `case.yaml`: `endpoint: mutate|validate`, and for a `pod.yaml` input optionally
+//!   `namespace`, `user`, `groups`;
+//! - the input: `review.json` (an AdmissionReview) or `pod.yaml` (a Pod, sent as the CREATE
+//!   review the apiserver would send);
+//! - `policy.yaml` (optional; the shipped `policies/default.yaml` otherwise);
+//! - the expected output: `response.json` (the AdmissionReview returned, with the patch
+//!   decoded for reading) and, for mutate cases, `mutated.yaml` (the input pod with the
+//!   patch applied).
+//!
+//! Every case runs through the engine, the HTTP router and the `tollgate review` command;
+//! all three must agree with the goldens. Mutate cases also check that the patch applies to
+//! the object as sent, that the result is a valid pod, and that a second pass over the
+//! mutated pod yields no patch.
+//!
+//! Goldens are only rewritten with `TOLLGATE_BLESS=1 cargo test --test golden`. A missing or
+//! outdated golden file, or one the case does not produce, fails the test.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use axum::body::Body;
+use axum::http::Request;
+use base64::Engine as _;
+use http_body_util::BodyExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use serde::Deserialize;
+use serde_json::Value;
+use tollgate::policy::Policy;
+use tollgate::review::{review_bytes, Endpoint};
+use tower::ServiceExt as _;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CaseFile {
+    endpoint: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default = "default_user")]
+    user: String,
+    #[serde(default)]
+    groups: Vec<String>,
+    /// What the case is about, for whoever reads it.
+    #[serde(default)]
+    #[allow(dead_code)]
+    description: String,
+}
+
+fn default_user() -> String {
+    "tollgate-review".into()
+}
+
+struct Case {
+    dir: PathBuf,
+    spec: CaseFile,
+    endpoint: Endpoint,
+    input_path: PathBuf,
+    review: Value,
+    policy_path: PathBuf,
+    policy: Policy,
+}
+
+fn bless() -> bool {
+    std::env::var("TOLLGATE_BLESS").is_ok_and(|v| v == "1")
+}
+
+fn cases() -> Vec<PathBuf> {
+    let root = common::root().join("tests/golden");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .expect("tests/golden exists")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+fn load_case(dir: &Path) -> Result<Case, String> {
+    let spec_text =
+        std::fs::read_to_string(dir.join("case.yaml")).map_err(|e| format!("case.yaml: {e}"))?;
+    let spec: CaseFile =
+        serde_saphyr::from_str(&spec_text).map_err(|e| format!("case.yaml: {e}"))?;
+    let endpoint = match spec.endpoint.as_str() {
+        "mutate" => Endpoint::Mutate,
+        "validate" => Endpoint::Validate,
+        e => {
+            return Err(format!(
+                "case.yaml: endpoint {e:?} is neither mutate nor validate"
+            ))
+        }
+    };
+    let policy_path = if dir.join("policy.yaml").exists() {
+        dir.join("policy.yaml")
+    } else {
+        common::default_policy_path()
+    };
+    let policy = common::load_policy(&policy_path);
+    let (input_path, review) = if dir.join("review.json").exists() {
+        let p = dir.join("review.json");
+        let v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap())
+            .map_err(|e| format!("review.json: {e}"))?;
+        (p, v)
+    } else if dir.join("pod.yaml").exists() {
+        let p = dir.join("pod.yaml");
+        let pod: Value = serde_saphyr::from_str(&std::fs::read_to_string(&p).unwrap())
+            .map_err(|e| format!("pod.yaml: {e}"))?;
+        let review = tollgate::cli::synthetic_review(
+            &pod,
+            spec.namespace.as_deref(),
+            &spec.user,
+            &spec.groups,
+        );
+        (p, review)
+    } else {
+        return Err("no input: add review.json or pod.yaml".into());
+    };
+    Ok(Case {
+        dir: dir.to_owned(),
+        spec,
+        endpoint,
+        input_path,
+        review,
+        policy_path,
+        policy,
+    })
+}
+
+/// The response with the base64 patch decoded, so goldens read as what they do.
+fn readable(response_json: &[u8]) -> Value {
+    let mut v: Value = serde_json::from_slice(response_json).expect("response is JSON");
+    if let Some(p) = v.pointer_mut("/response/patch") {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(p.as_str().expect("patch is a base64 string"))
+            .expect("patch is base64");
+        *p = serde_json::from_slice(&bytes).expect("patch is JSON");
+    }
+    v
+}
+
+fn pretty(v: &Value) -> String {
+    let mut s = serde_json::to_string_pretty(v).unwrap();
+    s.push('\n');
+    s
+}
+
+/// Compares `actual` with the golden file, or rewrites it when blessing.
+fn golden(path: &Path, actual: &str, failures: &mut Vec<String>) {
+    if bless() {
+        std::fs::write(path, actual).unwrap();
+        return;
+    }
+    match std::fs::read_to_string(path) {
+        Err(_) => failures.push(format!("{} is missing (TOLLGATE_BLESS=1 writes it)", path.display())),
+        Ok(expected) if expected != actual => failures.push(format!(
+            "{} is out of date (TOLLGATE_BLESS=1 rewrites it)\n--- expected\n{expected}\n--- actual\n{actual}",
+            path.display()
+        )),
+        Ok(_) => {}
+    }
+}
+
+fn stale(path: &Path, failures: &mut Vec<String>) {
+    if path.exists() {
+        if bless() {
+            std::fs::remove_file(path).unwrap();
+        } else {
+            failures.push(format!(
+                "{} is stale: this case does not produce it",
+                path.display()
+            ));
+        }
+    }
+}
+
+async fn via_http(case: &Case, body: Vec<u8>) -> Vec<u8> {
+    let app = tollgate::router(common::state_with(case.policy.clone()));
+    let path = format!("/{}?timeout=10s", case.endpoint.as_str());
+    let req = Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .unwrap();
+    let resp = app.oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), 200, "{}: HTTP status", case.dir.display());
+    resp.into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec()
+}
+
+fn via_cli(case: &Case) -> Value {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    cmd.args([
+        "review",
+        "--output",
+        "json",
+        "--stage",
+        case.endpoint.as_str(),
+        "--policy",
+    ])
+    .arg(&case.policy_path)
+    .arg(&case.input_path);
+    if case.input_path.extension().is_some_and(|e| e == "yaml") {
+        if let Some(ns) = &case.spec.namespace {
+            cmd.args(["--namespace", ns]);
+        }
+        cmd.args(["--user", &case.spec.user]);
+        for g in &case.spec.groups {
+            cmd.args(["--group", g]);
+        }
+    }
+    let out = cmd.output().expect("runs tollgate review");
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}: tollgate review exited {:?}: {}",
+        case.dir.display(),
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("review --output json prints JSON")
+}
+
+fn check_mutation(case: &Case, response: &Value, failures: &mut Vec<String>) {
+    let name = case.dir.display();
+    let mut pod = case
+        .review
+        .pointer("/request/object")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let original = pod.clone();
+    if let Some(ops) = response.pointer("/response/patch") {
+        let patch: json_patch::Patch = serde_json::from_value(ops.clone()).unwrap();
+        if let Err(e) = json_patch::patch(&mut pod, &patch) {
+            failures.push(format!(
+                "{name}: the patch does not apply to the object as sent: {e}"
+            ));
+            return;
+        }
+        // What the apiserver and other webhooks put there must still be there.
+        for keep in [
+            "/metadata/managedFields",
+            "/spec/tolerations/0",
+            "/spec/dnsPolicy",
+            "/spec/schedulerName",
+        ] {
+            if original.pointer(keep).is_some() && original.pointer(keep) != pod.pointer(keep) {
+                failures.push(format!("{name}: the patch changed {keep}"));
+            }
+        }
+    }
+    golden(
+        &case.dir.join("mutated.yaml"),
+        &serde_saphyr::to_string(&pod).unwrap(),
+        failures,
+    );
+    let typed: Pod = match serde_json::from_value(pod.clone()) {
+        Ok(p) => p,
+        Err(e) => {
+            failures.push(format!("{name}: the mutated object is not a Pod: {e}"));
+            return;
+        }
+    };
+    for p in tollgate::check::problems(&typed) {
+        failures.push(format!("{name}: the mutated pod is invalid: {p}"));
+    }
+    // Idempotency: the mutated pod, sent again (as reinvocation does), gets no patch.
+    let mut again = case.review.clone();
+    *again.pointer_mut("/request/object").unwrap() = pod;
+    let second = review_bytes(
+        Endpoint::Mutate,
+        &case.policy,
+        &serde_json::to_vec(&again).unwrap(),
+    )
+    .unwrap();
+    if let Some(p) = &second.patch {
+        failures.push(format!(
+            "{name}: not idempotent: a second pass patches {}",
+            serde_json::to_string(p).unwrap()
+        ));
+    }
+}
+
+#[tokio::test]
+async fn golden_cases() {
+    let dirs = cases();
+    assert!(!dirs.is_empty(), "no golden cases found");
+    let mut failures = vec![];
+    for dir in &dirs {
+        let case = match load_case(dir) {
+            Ok(c) => c,
+            Err(e) => {
+                failures.push(format!("{}: {e}", dir.display()));
+                continue;
+            }
+        };
+        let body = serde_json::to_vec(&case.review).unwrap();
+        let engine = review_bytes(case.endpoint, &case.policy, &body)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let response = readable(&engine.to_json());
+
+        let http = readable(&via_http(&case, body).await);
+        if http != response {
+            failures.push(format!(
+                "{}: the HTTP path answers differently from the engine",
+                dir.display()
+            ));
+        }
+        let cli = via_cli(&case);
+        let key = format!("{}Response", case.endpoint.as_str());
+        let cli_response = cli.get(&key).cloned().unwrap_or(Value::Null);
+        let cli_response = readable(&serde_json::to_vec(&cli_response).unwrap());
+        if cli_response != response {
+            failures.push(format!(
+                "{}: `tollgate review` answers differently from the engine:\n{}",
+                dir.display(),
+                pretty(&cli_response)
+            ));
+        }
+
+        golden(
+            &case.dir.join("response.json"),
+            &pretty(&response),
+            &mut failures,
+        );
+        match case.endpoint {
+            Endpoint::Mutate => {
+                check_mutation(&case, &response, &mut failures);
+                let cli_pod = cli.get("mutatedPod").cloned().unwrap_or(Value::Null);
+                if !bless() {
+                    let expected: Value = std::fs::read_to_string(case.dir.join("mutated.yaml"))
+                        .ok()
+                        .and_then(|t| serde_saphyr::from_str(&t).ok())
+                        .unwrap_or(Value::Null);
+                    if cli_pod != expected {
+                        failures.push(format!(
+                            "{}: `tollgate review` prints another mutated pod",
+                            dir.display()
+                        ));
+                    }
+                }
+            }
+            Endpoint::Validate => stale(&case.dir.join("mutated.yaml"), &mut failures),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} golden failure(s) in {} cases:\n\n{}",
+        failures.len(),
+        dirs.len(),
+        failures.join("\n\n")
+    );
+}
+
+/// The harness itself must fail on a stale golden: a case whose expectation is wrong.
+#[test]
+fn a_wrong_golden_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("response.json");
+    std::fs::write(&path, "{}\n").unwrap();
+    let mut failures = vec![];
+    if !bless() {
+        golden(&path, "{\"x\":1}\n", &mut failures);
+        assert_eq!(failures.len(), 1);
+        golden(&dir.path().join("missing.json"), "{}\n", &mut failures);
+        assert_eq!(failures.len(), 2);
+    }
+}
