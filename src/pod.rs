@@ -79,13 +79,23 @@ pub fn gpus_of(policy: &Policy, c: &Container) -> Vec<(String, i128)> {
         .flat_map(|m| m.keys());
     for name in names {
         if policy.gpu.is_gpu(name) && !out.iter().any(|(n, _)| n == name) {
-            let amount = asked(c, name).map_or(0, |q| quantity::parse(&q.0).unwrap_or(1));
+            let amount = asked_amount(c, name);
             if amount > 0 {
                 out.push((name.clone(), amount));
             }
         }
     }
     out
+}
+
+/// Whether a container asks for one GPU resource, as [`gpus_of`] counts it, without
+/// allocating: the steps call this for every container on every review.
+pub fn asks_for_gpu_resource(policy: &Policy, c: &Container, resource: &str) -> bool {
+    policy.gpu.is_gpu(resource) && asked_amount(c, resource) > 0
+}
+
+fn asked_amount(c: &Container, resource: &str) -> i128 {
+    asked(c, resource).map_or(0, |q| quantity::parse(&q.0).unwrap_or(1))
 }
 
 /// Whether any container or init container of the pod asks for a GPU.

@@ -1,9 +1,536 @@
-//! TODO: this step is being written.
+//! Default limits, so that one runaway trainer cannot starve a node it shares.
+//!
+//! Unlike a LimitRange, a default is never put below what the container requests: LimitRanger
+//! does exactly that and the apiserver then rejects the pod it defaulted itself
+//! (kubernetes/kubernetes#51430). The request becomes the limit instead, and the user is told.
+//!
+//! Extended resources (GPUs) and hugepages cannot be overcommitted: the apiserver rejects a
+//! request without an equal limit, so the limit is filled in from the request.
+//!
+//! Nothing the user wrote is changed, and a resource the pod sets at pod level
+//! (`spec.resources`) is left to that pod-level budget. Quantities tollgate cannot read are left
+//! for the apiserver to judge.
 
-use k8s_openapi::api::core::v1::Pod;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
-use crate::policy::Policy;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-pub fn ensure(_policy: &Policy, _pod: &mut Pod, _warnings: &mut Vec<String>) -> bool {
-    false
+use crate::pod::ContainerKind;
+use crate::policy::{DefaultResources, Policy};
+use crate::quantity;
+
+const NANO: i128 = 1_000_000_000;
+
+pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
+    let Some(spec) = pod.spec.as_mut() else {
+        return false;
+    };
+    let PodSpec {
+        init_containers,
+        containers,
+        resources: pod_level,
+        ..
+    } = spec;
+    let pod_level = pod_level.as_ref();
+    let all = init_containers
+        .iter_mut()
+        .flatten()
+        .map(|c| (ContainerKind::of_init(c), c))
+        .chain(containers.iter_mut().map(|c| (ContainerKind::Regular, c)));
+    let mut changed = false;
+    for (kind, c) in all {
+        let set = fill(policy, pod_level, c);
+        if !set.is_empty() {
+            warnings.push(message(kind, &c.name, &set));
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// A limit tollgate set, and why it has that value.
+struct Set {
+    resource: String,
+    value: String,
+    why: Why,
+}
+
+enum Why {
+    Default,
+    /// The per-GPU default times the container's GPUs.
+    PerGpu(String),
+    /// The request, which is above the default (given).
+    Request(String),
+    /// A non-overcommittable resource: the limit must equal the request.
+    NotOvercommittable,
+}
+
+/// Sets the missing limits of one container, returning what it set (empty: nothing, and no
+/// allocation).
+fn fill(policy: &Policy, pod_level: Option<&ResourceRequirements>, c: &mut Container) -> Vec<Set> {
+    let dr = &policy.mutation.default_resources;
+    let mut set = Vec::new();
+    // A resource in `perGpu` but not in `limits` has a default only for GPU containers.
+    let names = dr.limits.keys().chain(
+        dr.per_gpu
+            .keys()
+            .filter(|k| !dr.limits.contains_key(k.as_str())),
+    );
+    for resource in names {
+        if pod_sets(pod_level, resource) || has_limit(c, resource) {
+            continue;
+        }
+        let Some((default, why)) = default_for(policy, dr, c, resource) else {
+            continue;
+        };
+        let (value, why) = match requested(c, resource) {
+            None => (Quantity(quantity::format_for(resource, default)), why),
+            Some(request) => match quantity::parse(&request.0) {
+                Err(_) => continue,
+                Ok(r) if r > default => (
+                    request.clone(),
+                    Why::Request(quantity::format_for(resource, default)),
+                ),
+                Ok(_) => (Quantity(quantity::format_for(resource, default)), why),
+            },
+        };
+        set.push(Set {
+            resource: resource.clone(),
+            value: value.0.clone(),
+            why,
+        });
+        limits_mut(c).insert(resource.clone(), value);
+    }
+    let extended_without_limit = c.resources.as_ref().is_some_and(|r| {
+        r.requests.iter().flatten().any(|(name, q)| {
+            quantity::is_non_overcommittable(name)
+                && !r.limits.as_ref().is_some_and(|l| l.contains_key(name))
+                && quantity::parse(&q.0).is_ok()
+        })
+    });
+    if extended_without_limit {
+        if let Some(ResourceRequirements {
+            requests: Some(requests),
+            limits,
+            ..
+        }) = c.resources.as_mut()
+        {
+            let limits = limits.get_or_insert_with(BTreeMap::new);
+            for (name, q) in requests.iter() {
+                if quantity::is_non_overcommittable(name)
+                    && !limits.contains_key(name)
+                    && quantity::parse(&q.0).is_ok()
+                {
+                    limits.insert(name.clone(), q.clone());
+                    set.push(Set {
+                        resource: name.clone(),
+                        value: q.0.clone(),
+                        why: Why::NotOvercommittable,
+                    });
+                }
+            }
+        }
+    }
+    set
+}
+
+/// The default limit for a container and resource in nano-units, or None when there is none
+/// or it cannot be computed (an unreadable GPU count, an absurd product).
+fn default_for(
+    policy: &Policy,
+    dr: &DefaultResources,
+    c: &Container,
+    resource: &str,
+) -> Option<(i128, Why)> {
+    if let Some(per) = dr.per_gpu.get(resource) {
+        let gpus = gpu_count(policy, c)?;
+        if gpus > 0 {
+            let per_nano = quantity::parse(&per.0).ok()?;
+            // Both are in nano-units; fractional GPUs (which the apiserver refuses) round up.
+            let total = per_nano.checked_mul(gpus)?;
+            let value = total / NANO + i128::from(total % NANO > 0);
+            return Some((value, Why::PerGpu(per.0.clone())));
+        }
+    }
+    let flat = dr.limits.get(resource)?;
+    Some((quantity::parse(&flat.0).ok()?, Why::Default))
+}
+
+/// The container's GPUs of every kind, in nano-units; None if one amount is unreadable.
+fn gpu_count(policy: &Policy, c: &Container) -> Option<i128> {
+    let Some(r) = c.resources.as_ref() else {
+        return Some(0);
+    };
+    let requests = r.requests.iter().flatten();
+    // A GPU only in limits is requested too (the apiserver copies it); count it once.
+    let limits_only = r
+        .limits
+        .iter()
+        .flatten()
+        .filter(|(k, _)| !r.requests.as_ref().is_some_and(|m| m.contains_key(*k)));
+    let mut total: i128 = 0;
+    for (name, q) in requests.chain(limits_only) {
+        if policy.gpu.is_gpu(name) {
+            let n = quantity::parse(&q.0).ok()?;
+            total = total.checked_add(n.max(0))?;
+        }
+    }
+    Some(total)
+}
+
+fn pod_sets(pod_level: Option<&ResourceRequirements>, resource: &str) -> bool {
+    pod_level.is_some_and(|r| {
+        [r.requests.as_ref(), r.limits.as_ref()]
+            .into_iter()
+            .flatten()
+            .any(|m| m.contains_key(resource))
+    })
+}
+
+fn has_limit(c: &Container, resource: &str) -> bool {
+    c.resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .is_some_and(|m| m.contains_key(resource))
+}
+
+fn requested<'a>(c: &'a Container, resource: &str) -> Option<&'a Quantity> {
+    c.resources.as_ref()?.requests.as_ref()?.get(resource)
+}
+
+fn limits_mut(c: &mut Container) -> &mut BTreeMap<String, Quantity> {
+    c.resources
+        .get_or_insert_with(Default::default)
+        .limits
+        .get_or_insert_with(BTreeMap::new)
+}
+
+/// One line per container, for someone reading `kubectl apply` output: what was missing,
+/// what it is now, and where each value comes from when it is not the plain default.
+fn message(kind: ContainerKind, name: &str, set: &[Set]) -> String {
+    let mut m = format!("tollgate: {} {name:?} had no ", kind.noun());
+    for (i, s) in set.iter().enumerate() {
+        if i > 0 {
+            m.push('/');
+        }
+        m.push_str(&s.resource);
+    }
+    m.push_str(" limit; set ");
+    for (i, s) in set.iter().enumerate() {
+        if i > 0 {
+            m.push_str(", ");
+        }
+        // Writing to a String cannot fail.
+        let _ = write!(m, "{}={}", s.resource, s.value);
+        let _ = match &s.why {
+            Why::Default => Ok(()),
+            Why::PerGpu(per) => write!(m, " ({per} per GPU)"),
+            Why::Request(default) => write!(m, " (its request, above the {default} default)"),
+            Why::NotOvercommittable => write!(m, " (its request)"),
+        };
+    }
+    if set.iter().all(|s| matches!(s.why, Why::Default)) {
+        m.push_str(" (cluster defaults)");
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn pod(v: Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn to_json(p: &Pod) -> Value {
+        serde_json::to_value(p).unwrap()
+    }
+
+    /// Runs the step, then checks a second pass changes nothing and says nothing.
+    fn run(policy: &Policy, p: &mut Pod) -> (bool, Vec<String>) {
+        let mut warnings = vec![];
+        let changed = ensure(policy, p, &mut warnings);
+        let after = to_json(p);
+        let mut again = vec![];
+        assert!(
+            !ensure(policy, p, &mut again),
+            "second pass changed the pod"
+        );
+        assert_eq!(to_json(p), after, "second pass changed the pod");
+        assert!(again.is_empty(), "{again:?}");
+        assert_eq!(changed, !warnings.is_empty());
+        for w in &warnings {
+            assert!(w.starts_with("tollgate: "), "{w}");
+        }
+        (changed, warnings)
+    }
+
+    fn one(c: Value) -> Pod {
+        pod(json!({"spec": {"containers": [c]}}))
+    }
+
+    fn resources(p: &Pod, i: usize) -> Value {
+        to_json(p)["spec"]["containers"][i]["resources"].clone()
+    }
+
+    fn per_gpu() -> Policy {
+        let mut p = Policy::default();
+        let d = &mut p.mutation.default_resources.per_gpu;
+        d.insert("cpu".into(), Quantity("8".into()));
+        d.insert("memory".into(), Quantity("64Gi".into()));
+        p
+    }
+
+    #[test]
+    fn container_without_limits_gets_the_defaults() {
+        let mut p = one(
+            json!({"name": "pytorch", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}),
+        );
+        let (changed, warnings) = run(&Policy::default(), &mut p);
+        assert!(changed);
+        assert_eq!(
+            warnings,
+            ["tollgate: container \"pytorch\" had no cpu/memory limit; set cpu=2, memory=4Gi (cluster defaults)"]
+        );
+        assert_eq!(
+            resources(&p, 0),
+            json!({"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}})
+        );
+    }
+
+    #[test]
+    fn no_resources_at_all() {
+        let mut p = one(json!({"name": "t"}));
+        run(&Policy::default(), &mut p);
+        assert_eq!(
+            resources(&p, 0),
+            json!({"limits": {"cpu": "2", "memory": "4Gi"}})
+        );
+    }
+
+    #[test]
+    fn user_limits_are_never_changed() {
+        let mut p = one(json!({"name": "t", "resources": {"limits": {"cpu": "500m"}}}));
+        let (_, warnings) = run(&Policy::default(), &mut p);
+        assert_eq!(
+            resources(&p, 0)["limits"],
+            json!({"cpu": "500m", "memory": "4Gi"})
+        );
+        assert_eq!(
+            warnings,
+            ["tollgate: container \"t\" had no memory limit; set memory=4Gi (cluster defaults)"]
+        );
+        // Even a limit below the request, which the apiserver will refuse: the user's to fix.
+        let mut p = one(
+            json!({"name": "t", "resources": {"requests": {"cpu": "3"}, "limits": {"cpu": "1", "memory": "bogus"}}}),
+        );
+        assert!(!run(&Policy::default(), &mut p).0);
+    }
+
+    #[test]
+    fn request_above_the_default_becomes_the_limit() {
+        let mut p = one(
+            json!({"name": "pytorch", "resources": {"requests": {"cpu": "1500m", "memory": "6144Mi"}}}),
+        );
+        let (_, warnings) = run(&Policy::default(), &mut p);
+        assert_eq!(
+            resources(&p, 0)["limits"],
+            json!({"cpu": "2", "memory": "6144Mi"})
+        );
+        assert_eq!(
+            warnings,
+            ["tollgate: container \"pytorch\" had no cpu/memory limit; set cpu=2, memory=6144Mi (its request, above the 4Gi default)"]
+        );
+        // Equal to the default: the default.
+        let mut p = one(json!({"name": "t", "resources": {"requests": {"cpu": "2000m"}}}));
+        run(&Policy::default(), &mut p);
+        assert_eq!(resources(&p, 0)["limits"]["cpu"], "2");
+    }
+
+    #[test]
+    fn per_gpu_defaults_scale_with_every_gpu_kind() {
+        let mut policy = per_gpu();
+        policy
+            .mutation
+            .default_resources
+            .per_gpu
+            .insert("ephemeral-storage".into(), Quantity("100Gi".into()));
+        let mut p = pod(json!({"spec": {"containers": [
+            {"name": "trainer", "resources": {"limits": {"nvidia.com/gpu": "3", "amd.com/gpu": "1"}}},
+            {"name": "logger"},
+        ]}}));
+        let (_, warnings) = run(&policy, &mut p);
+        assert_eq!(
+            resources(&p, 0)["limits"],
+            json!({"nvidia.com/gpu": "3", "amd.com/gpu": "1", "cpu": "32", "memory": "256Gi", "ephemeral-storage": "400Gi"})
+        );
+        assert_eq!(
+            warnings[0],
+            "tollgate: container \"trainer\" had no cpu/memory/ephemeral-storage limit; set cpu=32 (8 per GPU), memory=256Gi (64Gi per GPU), ephemeral-storage=400Gi (100Gi per GPU)"
+        );
+        // No GPU: the flat defaults, and no per-GPU-only resource.
+        assert_eq!(
+            resources(&p, 1)["limits"],
+            json!({"cpu": "2", "memory": "4Gi"})
+        );
+    }
+
+    #[test]
+    fn per_gpu_below_a_request_uses_the_request() {
+        let mut p = one(
+            json!({"name": "t", "resources": {"requests": {"nvidia.com/gpu": "1", "cpu": "12"}, "limits": {"nvidia.com/gpu": "1"}}}),
+        );
+        let (_, warnings) = run(&per_gpu(), &mut p);
+        assert_eq!(resources(&p, 0)["limits"]["cpu"], "12");
+        assert!(
+            warnings[0].contains("cpu=12 (its request, above the 8 default)"),
+            "{}",
+            warnings[0]
+        );
+    }
+
+    #[test]
+    fn per_gpu_with_fractional_cpu() {
+        let mut policy = per_gpu();
+        policy
+            .mutation
+            .default_resources
+            .per_gpu
+            .insert("cpu".into(), Quantity("1500m".into()));
+        let mut p = one(json!({"name": "t", "resources": {"limits": {"nvidia.com/gpu": "3"}}}));
+        run(&policy, &mut p);
+        assert_eq!(resources(&p, 0)["limits"]["cpu"], "4500m");
+    }
+
+    #[test]
+    fn gpu_request_without_limit_gets_an_equal_limit() {
+        let mut p = one(json!({"name": "t", "resources": {
+            "requests": {"nvidia.com/gpu": "2", "hugepages-2Mi": "1Gi", "example.com/fpga": "1", "cpu": "1"},
+            "limits": {"cpu": "1", "memory": "1Gi"},
+        }}));
+        let (_, warnings) = run(&Policy::default(), &mut p);
+        assert_eq!(
+            resources(&p, 0)["limits"],
+            json!({"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "2", "hugepages-2Mi": "1Gi", "example.com/fpga": "1"})
+        );
+        assert_eq!(warnings.len(), 1);
+        assert!(
+            warnings[0].contains("nvidia.com/gpu=2 (its request)"),
+            "{}",
+            warnings[0]
+        );
+        // Both set and different: the apiserver's to refuse, not ours to rewrite.
+        let mut p = one(json!({"name": "t", "resources": {
+            "requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2", "cpu": "1", "memory": "1Gi"},
+        }}));
+        assert!(!run(&Policy::default(), &mut p).0);
+    }
+
+    #[test]
+    fn pod_level_resources_are_respected() {
+        let mut p = pod(json!({"spec": {
+            "resources": {"requests": {"cpu": "4"}},
+            "containers": [{"name": "a"}, {"name": "b", "resources": {"requests": {"memory": "8Gi"}}}],
+        }}));
+        let (_, warnings) = run(&Policy::default(), &mut p);
+        assert_eq!(resources(&p, 0)["limits"], json!({"memory": "4Gi"}));
+        assert_eq!(resources(&p, 1)["limits"], json!({"memory": "8Gi"}));
+        assert_eq!(warnings.len(), 2);
+        let mut p = pod(json!({"spec": {
+            "resources": {"limits": {"cpu": "4", "memory": "16Gi"}},
+            "containers": [{"name": "a"}],
+        }}));
+        assert!(!run(&Policy::default(), &mut p).0);
+    }
+
+    #[test]
+    fn unreadable_quantities_are_left_alone() {
+        let mut p = one(
+            json!({"name": "t", "resources": {"requests": {"cpu": "lots", "nvidia.com/gpu": "many"}}}),
+        );
+        let (_, warnings) = run(&Policy::default(), &mut p);
+        assert_eq!(resources(&p, 0)["limits"], json!({"memory": "4Gi"}));
+        assert_eq!(warnings.len(), 1);
+        // An unreadable GPU count leaves the per-GPU resources alone rather than guess.
+        let mut p = one(json!({"name": "t", "resources": {"limits": {"nvidia.com/gpu": "x"}}}));
+        assert!(!run(&per_gpu(), &mut p).0);
+        // Absurd products do not overflow.
+        let mut policy = per_gpu();
+        policy
+            .mutation
+            .default_resources
+            .per_gpu
+            .insert("memory".into(), Quantity("1000Ei".into()));
+        let mut p = one(
+            json!({"name": "t", "resources": {"limits": {"nvidia.com/gpu": "999999999999999999"}}}),
+        );
+        ensure(&policy, &mut p, &mut vec![]);
+        assert!(resources(&p, 0)["limits"].get("memory").is_none());
+    }
+
+    #[test]
+    fn every_kind_of_container_but_ephemeral() {
+        let mut p = pod(json!({"spec": {
+            "initContainers": [{"name": "fetch"}, {"name": "proxy", "restartPolicy": "Always"}],
+            "containers": [{"name": "t"}],
+            "ephemeralContainers": [{"name": "debug"}],
+        }}));
+        let (_, warnings) = run(&Policy::default(), &mut p);
+        let v = to_json(&p);
+        for c in [
+            &v["spec"]["initContainers"][0],
+            &v["spec"]["initContainers"][1],
+            &v["spec"]["containers"][0],
+        ] {
+            assert_eq!(
+                c["resources"]["limits"],
+                json!({"cpu": "2", "memory": "4Gi"}),
+                "{c}"
+            );
+        }
+        assert_eq!(
+            v["spec"]["ephemeralContainers"][0],
+            json!({"name": "debug"})
+        );
+        assert!(warnings[0].starts_with("tollgate: init container \"fetch\""));
+        assert!(warnings[1].starts_with("tollgate: sidecar container \"proxy\""));
+    }
+
+    #[test]
+    fn ephemeral_storage_default() {
+        let mut policy = Policy::default();
+        policy
+            .mutation
+            .default_resources
+            .limits
+            .insert("ephemeral-storage".into(), Quantity("10Gi".into()));
+        let mut p =
+            one(json!({"name": "t", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}));
+        run(&policy, &mut p);
+        assert_eq!(resources(&p, 0)["limits"]["ephemeral-storage"], "10Gi");
+    }
+
+    #[test]
+    fn pod_without_spec_is_untouched() {
+        let mut p = pod(json!({"metadata": {"name": "x"}}));
+        assert!(!ensure(&Policy::default(), &mut p, &mut vec![]));
+    }
+
+    #[test]
+    fn apiserver_fixtures_round_trip_idempotently() {
+        for text in [
+            include_str!("../../tests/fixtures/apiserver-v1.36/resnet50-master-0.mutate.json"),
+            include_str!("../../tests/fixtures/apiserver-v1.36/notebook-helper.mutate.json"),
+        ] {
+            let review: Value = serde_json::from_str(text).unwrap();
+            let mut p = pod(review["request"]["object"].clone());
+            assert!(run(&per_gpu(), &mut p).0);
+            let mut again = pod(to_json(&p));
+            assert!(!ensure(&per_gpu(), &mut again, &mut vec![]));
+        }
+    }
 }

@@ -1,9 +1,575 @@
-//! TODO: this step is being written.
+//! GPU driver mounts: the node's driver directory, mounted read-only into each container that
+//! asks for the GPU, with the environment that lets the framework find the libraries.
+//!
+//! Without CDI, a device plugin hands the container the device nodes but not the user-space
+//! driver, and images cannot bake in a driver matching every node. Only containers asking for
+//! the GPU get the mount: hostPath is a privilege a CPU-only helper has no use for.
+//!
+//! A volume name or mount path a user already uses is never overwritten. The user may mount a
+//! different driver on purpose, and replacing their volume would silently change what their
+//! code runs against; skipping with a warning leaves the pod exactly as they meant it.
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, HostPathVolumeSource, Pod, PodSpec, Volume, VolumeMount,
+};
 
-use crate::policy::Policy;
+use crate::pod::{asks_for_gpu_resource, ContainerKind};
+use crate::policy::{EnvEntry, HostMount, IfPresent, Policy};
 
-pub fn ensure(_policy: &Policy, _pod: &mut Pod, _warnings: &mut Vec<String>) -> bool {
-    false
+pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
+    let dm = &policy.mutation.driver_mounts;
+    let Some(spec) = pod.spec.as_mut() else {
+        return false;
+    };
+    // Split borrows: containers are changed while the pod's volumes are looked up.
+    let PodSpec {
+        init_containers,
+        containers,
+        volumes,
+        ..
+    } = spec;
+    let all = init_containers
+        .iter_mut()
+        .flatten()
+        .map(|c| (ContainerKind::of_init(c), c))
+        .chain(containers.iter_mut().map(|c| (ContainerKind::Regular, c)));
+    let mut changed = false;
+    // Our volume names the pod already uses for its own volume: warned about once per pod,
+    // not once per container, since the user made one decision.
+    let mut foreign: Vec<&str> = Vec::new();
+    for (kind, c) in all {
+        for (resource, wanted) in &dm.resources {
+            if !asks_for_gpu_resource(policy, c, resource) {
+                continue;
+            }
+            for m in &wanted.mounts {
+                if find_volume(volumes, &m.name).is_some_and(|v| !is_ours(v, m)) {
+                    if !foreign.contains(&m.name.as_str()) {
+                        foreign.push(&m.name);
+                        warnings.push(format!(
+                            "tollgate: the pod has its own volume {:?}; the GPU driver was not mounted at {}",
+                            m.name, m.mount_path
+                        ));
+                    }
+                    continue;
+                }
+                match mount_state(c, m) {
+                    MountState::Present => {}
+                    MountState::Absent => {
+                        c.volume_mounts
+                            .get_or_insert_with(Vec::new)
+                            .push(VolumeMount {
+                                name: m.name.clone(),
+                                mount_path: m.mount_path.clone(),
+                                read_only: Some(true),
+                                ..Default::default()
+                            });
+                        changed = true;
+                    }
+                    MountState::PathTaken => {
+                        warnings.push(format!(
+                            "tollgate: {} {:?} already mounts something at {}; the GPU driver was not mounted there",
+                            kind.noun(),
+                            c.name,
+                            m.mount_path
+                        ));
+                        continue;
+                    }
+                    MountState::VolumeElsewhere(at) => {
+                        warnings.push(format!(
+                            "tollgate: {} {:?} already mounts {:?} at {at:?}; the GPU driver was not mounted at {}",
+                            kind.noun(),
+                            c.name,
+                            m.name,
+                            m.mount_path
+                        ));
+                        continue;
+                    }
+                }
+                // Added only once some container mounts it: an unused hostPath volume would
+                // still trip Pod Security for nothing.
+                if find_volume(volumes, &m.name).is_none() {
+                    volumes.get_or_insert_with(Vec::new).push(volume(m));
+                    changed = true;
+                }
+            }
+            for e in &wanted.env {
+                changed |= ensure_env(c, e);
+            }
+        }
+    }
+    changed
+}
+
+fn find_volume<'a>(volumes: &'a Option<Vec<Volume>>, name: &str) -> Option<&'a Volume> {
+    volumes.as_deref()?.iter().find(|v| v.name == name)
+}
+
+/// Whether a pod volume is the one tollgate adds. Only the hostPath source is compared: a
+/// volume with a second source is invalid and the apiserver rejects the pod anyway. An unset
+/// type and "" are the same (the apiserver defaults one to the other).
+fn is_ours(v: &Volume, m: &HostMount) -> bool {
+    v.host_path
+        .as_ref()
+        .is_some_and(|h| h.path == m.host_path && h.type_.as_deref().unwrap_or("") == m.r#type)
+}
+
+fn volume(m: &HostMount) -> Volume {
+    Volume {
+        name: m.name.clone(),
+        host_path: Some(HostPathVolumeSource {
+            path: m.host_path.clone(),
+            type_: (!m.r#type.is_empty()).then(|| m.r#type.clone()),
+        }),
+        ..Default::default()
+    }
+}
+
+enum MountState<'a> {
+    /// Our volume at our path (mounted by an earlier pass, or by the user the same way; a
+    /// user's read-write choice is theirs to keep).
+    Present,
+    Absent,
+    /// Another volume is mounted at our path.
+    PathTaken,
+    /// Our volume is mounted at another path.
+    VolumeElsewhere(&'a str),
+}
+
+fn mount_state<'a>(c: &'a Container, m: &HostMount) -> MountState<'a> {
+    let mut state = MountState::Absent;
+    for vm in c.volume_mounts.iter().flatten() {
+        let same_path = same_path(&vm.mount_path, &m.mount_path);
+        if same_path && vm.name == m.name {
+            return MountState::Present;
+        }
+        if matches!(state, MountState::Absent) {
+            if same_path {
+                state = MountState::PathTaken;
+            } else if vm.name == m.name {
+                state = MountState::VolumeElsewhere(&vm.mount_path);
+            }
+        }
+    }
+    state
+}
+
+/// `/usr/local/nvidia/` and `/usr/local/nvidia` are the same directory in the container.
+fn same_path(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/') == b.trim_end_matches('/')
+}
+
+fn ensure_env(c: &mut Container, e: &EnvEntry) -> bool {
+    // The last definition of a name is the one the container sees.
+    let existing = c
+        .env
+        .as_mut()
+        .and_then(|env| env.iter_mut().rev().find(|v| v.name == e.name));
+    let Some(var) = existing else {
+        c.env.get_or_insert_with(Vec::new).push(EnvVar {
+            name: e.name.clone(),
+            value: Some(e.value.clone()),
+            value_from: None,
+        });
+        return true;
+    };
+    // A value from a secret or the downward API cannot be combined with ours here.
+    if var.value_from.is_some() || e.value.is_empty() {
+        return false;
+    }
+    let current = var.value.as_deref().unwrap_or("");
+    if has_component(current, &e.value, &e.separator) {
+        return false;
+    }
+    let joined = match e.if_present {
+        IfPresent::Keep => return false,
+        // An empty component in a search path means the working directory: never create one.
+        _ if current.is_empty() => e.value.clone(),
+        IfPresent::Append => format!("{current}{}{}", e.separator, e.value),
+        IfPresent::Prepend => format!("{}{}{current}", e.value, e.separator),
+    };
+    var.value = Some(joined);
+    true
+}
+
+/// Whether `item` is already one of the `sep`-separated components of `list`, or a run of
+/// them when `item` itself contains the separator. No allocation: this runs on every pass.
+fn has_component(list: &str, item: &str, sep: &str) -> bool {
+    if sep.is_empty() {
+        return list.contains(item);
+    }
+    std::iter::once(0)
+        .chain(list.match_indices(sep).map(|(i, _)| i + sep.len()))
+        .any(|start| {
+            list[start..]
+                .strip_prefix(item)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(sep))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn pod(v: Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn to_json(p: &Pod) -> Value {
+        serde_json::to_value(p).unwrap()
+    }
+
+    /// Runs the step, then checks a second pass changes nothing and warns the same.
+    fn run(policy: &Policy, p: &mut Pod) -> (bool, Vec<String>) {
+        let mut warnings = vec![];
+        let changed = ensure(policy, p, &mut warnings);
+        let after = to_json(p);
+        let mut again = vec![];
+        assert!(
+            !ensure(policy, p, &mut again),
+            "second pass changed the pod"
+        );
+        assert_eq!(to_json(p), after, "second pass changed the pod");
+        assert_eq!(again, warnings, "second pass warns the same");
+        (changed, warnings)
+    }
+
+    fn gpu(name: &str) -> Value {
+        json!({"name": name, "resources": {"limits": {"nvidia.com/gpu": "1"}}})
+    }
+
+    fn ours_volume() -> Value {
+        json!({"name": "tollgate-nvidia-driver", "hostPath": {"path": "/usr/local/nvidia", "type": "Directory"}})
+    }
+
+    fn ours_mount() -> Value {
+        json!({"name": "tollgate-nvidia-driver", "mountPath": "/usr/local/nvidia", "readOnly": true})
+    }
+
+    fn spec(p: &Pod) -> Value {
+        to_json(p)["spec"].clone()
+    }
+
+    #[test]
+    fn mounts_driver_only_into_gpu_containers() {
+        let mut p = pod(json!({"spec": {
+            "initContainers": [
+                {"name": "fetch"},
+                {"name": "nccl-proxy", "restartPolicy": "Always", "resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}},
+            ],
+            "containers": [gpu("pytorch"), {"name": "logger"}],
+            "ephemeralContainers": [{"name": "debug"}],
+        }}));
+        let (changed, warnings) = run(&Policy::default(), &mut p);
+        assert!(changed);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let s = spec(&p);
+        assert_eq!(s["volumes"], json!([ours_volume()]));
+        assert_eq!(s["initContainers"][0], json!({"name": "fetch"}));
+        assert_eq!(
+            s["initContainers"][1]["volumeMounts"],
+            json!([ours_mount()])
+        );
+        assert_eq!(s["containers"][0]["volumeMounts"], json!([ours_mount()]));
+        assert_eq!(
+            s["containers"][0]["env"],
+            json!([{"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"}])
+        );
+        assert_eq!(s["containers"][1], json!({"name": "logger"}));
+        assert_eq!(s["ephemeralContainers"], json!([{"name": "debug"}]));
+    }
+
+    #[test]
+    fn pods_without_gpus_or_spec_are_untouched() {
+        let mut p = pod(
+            json!({"spec": {"containers": [{"name": "cpu", "resources": {"limits": {"cpu": "1"}}}]}}),
+        );
+        let before = to_json(&p);
+        assert!(!ensure(&Policy::default(), &mut p, &mut vec![]));
+        assert_eq!(to_json(&p), before);
+        let mut p = pod(json!({"metadata": {"name": "x"}}));
+        assert!(!ensure(&Policy::default(), &mut p, &mut vec![]));
+        // Zero GPUs is not asking for one.
+        let mut p = pod(
+            json!({"spec": {"containers": [{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "0"}}}]}}),
+        );
+        assert!(!ensure(&Policy::default(), &mut p, &mut vec![]));
+    }
+
+    #[test]
+    fn gpu_without_driver_entry_gets_nothing() {
+        let mut p = pod(json!({"spec": {"containers": [
+            {"name": "t", "resources": {"limits": {"amd.com/gpu": "1"}}}
+        ]}}));
+        assert!(!ensure(&Policy::default(), &mut p, &mut vec![]));
+    }
+
+    #[test]
+    fn env_keep_append_prepend_and_value_from() {
+        let cases = [
+            (
+                IfPresent::Append,
+                json!("/opt/lib"),
+                json!("/opt/lib:/usr/local/nvidia/lib64"),
+            ),
+            (
+                IfPresent::Prepend,
+                json!("/opt/lib"),
+                json!("/usr/local/nvidia/lib64:/opt/lib"),
+            ),
+            (IfPresent::Keep, json!("/opt/lib"), json!("/opt/lib")),
+            // Already one of the components: nothing to add, wherever it is.
+            (
+                IfPresent::Append,
+                json!("/usr/local/nvidia/lib64:/opt"),
+                json!("/usr/local/nvidia/lib64:/opt"),
+            ),
+            (
+                IfPresent::Prepend,
+                json!("/a:/usr/local/nvidia/lib64"),
+                json!("/a:/usr/local/nvidia/lib64"),
+            ),
+            // A prefix of a component is not the component.
+            (
+                IfPresent::Append,
+                json!("/usr/local/nvidia/lib64x"),
+                json!("/usr/local/nvidia/lib64x:/usr/local/nvidia/lib64"),
+            ),
+            // No empty component (the working directory) is created.
+            (
+                IfPresent::Append,
+                json!(""),
+                json!("/usr/local/nvidia/lib64"),
+            ),
+            (
+                IfPresent::Prepend,
+                Value::Null,
+                json!("/usr/local/nvidia/lib64"),
+            ),
+        ];
+        for (mode, user, expected) in cases {
+            let mut policy = Policy::default();
+            let res = policy
+                .mutation
+                .driver_mounts
+                .resources
+                .get_mut("nvidia.com/gpu")
+                .unwrap();
+            res.env[0].if_present = mode;
+            let mut var = json!({"name": "LD_LIBRARY_PATH"});
+            if !user.is_null() {
+                var["value"] = user.clone();
+            }
+            let mut c = gpu("t");
+            c["env"] = json!([{"name": "A", "value": "1"}, var]);
+            let mut p = pod(json!({"spec": {"containers": [c]}}));
+            run(&policy, &mut p);
+            let env = &spec(&p)["containers"][0]["env"];
+            assert_eq!(env[1]["value"], expected, "{mode:?} {user}");
+            assert_eq!(env.as_array().unwrap().len(), 2, "{mode:?} {user}");
+        }
+    }
+
+    #[test]
+    fn env_from_value_from_is_kept() {
+        let mut c = gpu("t");
+        c["env"] = json!([{"name": "LD_LIBRARY_PATH", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}]);
+        let mut p = pod(json!({"spec": {"containers": [c.clone()]}}));
+        run(&Policy::default(), &mut p);
+        assert_eq!(spec(&p)["containers"][0]["env"], c["env"]);
+    }
+
+    #[test]
+    fn new_env_goes_last_and_multi_component_values_are_idempotent() {
+        let mut policy = Policy::default();
+        let res = policy
+            .mutation
+            .driver_mounts
+            .resources
+            .get_mut("nvidia.com/gpu")
+            .unwrap();
+        res.env = vec![
+            EnvEntry {
+                name: "PATH".into(),
+                value: "/usr/local/nvidia/bin:/usr/local/nvidia/sbin".into(),
+                if_present: IfPresent::Append,
+                separator: ":".into(),
+            },
+            EnvEntry {
+                name: "NVIDIA_VISIBLE".into(),
+                value: "all".into(),
+                if_present: IfPresent::Keep,
+                separator: ",".into(),
+            },
+        ];
+        let mut c = gpu("t");
+        c["env"] = json!([{"name": "PATH", "value": "/bin"}, {"name": "Z", "value": "z"}]);
+        let mut p = pod(json!({"spec": {"containers": [c]}}));
+        assert!(run(&policy, &mut p).0);
+        assert_eq!(
+            spec(&p)["containers"][0]["env"],
+            json!([
+                {"name": "PATH", "value": "/bin:/usr/local/nvidia/bin:/usr/local/nvidia/sbin"},
+                {"name": "Z", "value": "z"},
+                {"name": "NVIDIA_VISIBLE", "value": "all"},
+            ])
+        );
+    }
+
+    #[test]
+    fn last_duplicate_env_is_the_one_extended() {
+        let mut c = gpu("t");
+        c["env"] = json!([{"name": "LD_LIBRARY_PATH", "value": "/a"}, {"name": "LD_LIBRARY_PATH", "value": "/b"}]);
+        let mut p = pod(json!({"spec": {"containers": [c]}}));
+        run(&Policy::default(), &mut p);
+        let env = &spec(&p)["containers"][0]["env"];
+        assert_eq!(env[0]["value"], "/a");
+        assert_eq!(env[1]["value"], "/b:/usr/local/nvidia/lib64");
+    }
+
+    #[test]
+    fn users_volume_with_our_name_is_kept_with_one_warning() {
+        let theirs = json!({"name": "tollgate-nvidia-driver", "hostPath": {"path": "/opt/nvidia"}});
+        let mut p = pod(json!({"spec": {
+            "containers": [gpu("a"), gpu("b")],
+            "volumes": [theirs.clone()],
+        }}));
+        let (changed, warnings) = run(&Policy::default(), &mut p);
+        assert!(changed, "env is still set");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].starts_with("tollgate: "));
+        assert!(
+            warnings[0].contains("\"tollgate-nvidia-driver\""),
+            "{}",
+            warnings[0]
+        );
+        assert!(warnings[0].len() < 120, "{}", warnings[0]);
+        let s = spec(&p);
+        assert_eq!(s["volumes"], json!([theirs]));
+        assert!(s["containers"][0].get("volumeMounts").is_none());
+        assert!(s["containers"][1].get("volumeMounts").is_none());
+    }
+
+    #[test]
+    fn identical_volume_is_ours_whatever_wrote_it() {
+        // An earlier tollgate version or the user wrote exactly our volume, with or without
+        // the apiserver's defaulted empty type.
+        let mut policy = Policy::default();
+        policy
+            .mutation
+            .driver_mounts
+            .resources
+            .get_mut("nvidia.com/gpu")
+            .unwrap()
+            .mounts[0]
+            .r#type = String::new();
+        let v = json!({"name": "tollgate-nvidia-driver", "hostPath": {"path": "/usr/local/nvidia", "type": ""}});
+        let mut p = pod(json!({"spec": {"containers": [gpu("a")], "volumes": [v.clone()]}}));
+        let (changed, warnings) = run(&policy, &mut p);
+        assert!(changed);
+        assert!(warnings.is_empty());
+        assert_eq!(spec(&p)["volumes"], json!([v]));
+        assert_eq!(
+            spec(&p)["containers"][0]["volumeMounts"],
+            json!([ours_mount()])
+        );
+    }
+
+    #[test]
+    fn mount_path_taken_is_skipped_for_that_container_only() {
+        let mut a = gpu("pytorch");
+        a["volumeMounts"] = json!([{"name": "drv", "mountPath": "/usr/local/nvidia/"}]);
+        let mut p = pod(json!({"spec": {"containers": [a.clone(), gpu("b")]}}));
+        let (changed, warnings) = run(&Policy::default(), &mut p);
+        assert!(changed);
+        assert_eq!(
+            warnings,
+            ["tollgate: container \"pytorch\" already mounts something at /usr/local/nvidia; the GPU driver was not mounted there"]
+        );
+        let s = spec(&p);
+        assert_eq!(s["containers"][0]["volumeMounts"], a["volumeMounts"]);
+        assert_eq!(s["containers"][1]["volumeMounts"], json!([ours_mount()]));
+        assert_eq!(s["volumes"], json!([ours_volume()]));
+    }
+
+    #[test]
+    fn our_volume_mounted_elsewhere_is_not_mounted_twice() {
+        let mut a = gpu("pytorch");
+        a["volumeMounts"] = json!([{"name": "tollgate-nvidia-driver", "mountPath": "/opt/nv"}]);
+        let mut p = pod(json!({"spec": {"containers": [a.clone()], "volumes": [ours_volume()]}}));
+        let (changed, warnings) = run(&Policy::default(), &mut p);
+        assert!(changed, "env");
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("\"/opt/nv\""), "{}", warnings[0]);
+        assert_eq!(spec(&p)["containers"][0]["volumeMounts"], a["volumeMounts"]);
+    }
+
+    #[test]
+    fn our_mount_without_our_volume_gets_the_volume() {
+        let mut a = gpu("pytorch");
+        a["volumeMounts"] =
+            json!([{"name": "tollgate-nvidia-driver", "mountPath": "/usr/local/nvidia"}]);
+        a["env"] = json!([{"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"}]);
+        let mut p = pod(json!({"spec": {"containers": [a.clone()]}}));
+        assert!(run(&Policy::default(), &mut p).0);
+        let s = spec(&p);
+        assert_eq!(s["volumes"], json!([ours_volume()]));
+        assert_eq!(s["containers"][0], a, "a user's read-write mount is theirs");
+    }
+
+    #[test]
+    fn shared_volume_between_resources_is_added_once() {
+        let mut policy = Policy::default();
+        let nv = policy.mutation.driver_mounts.resources["nvidia.com/gpu"].clone();
+        policy
+            .mutation
+            .driver_mounts
+            .resources
+            .insert("example.com/gpu".into(), nv);
+        policy.gpu.resources.push("example.com/gpu".into());
+        let mut p = pod(json!({"spec": {"containers": [
+            {"name": "both", "resources": {"limits": {"nvidia.com/gpu": "1", "example.com/gpu": "1"}}},
+            {"name": "other", "resources": {"limits": {"example.com/gpu": "2"}}},
+        ]}}));
+        let (_, warnings) = run(&policy, &mut p);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let s = spec(&p);
+        assert_eq!(s["volumes"], json!([ours_volume()]));
+        assert_eq!(s["containers"][0]["volumeMounts"], json!([ours_mount()]));
+        assert_eq!(s["containers"][1]["volumeMounts"], json!([ours_mount()]));
+        assert_eq!(s["containers"][0]["env"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn apiserver_fixture_round_trips_idempotently() {
+        let review: Value = serde_json::from_str(include_str!(
+            "../../tests/fixtures/apiserver-v1.36/resnet50-master-0.mutate.json"
+        ))
+        .unwrap();
+        let mut p = pod(review["request"]["object"].clone());
+        assert!(run(&Policy::default(), &mut p).0);
+        // What the apiserver sends on reinvocation is our output, re-read.
+        let mut again = pod(to_json(&p));
+        assert!(!ensure(&Policy::default(), &mut again, &mut vec![]));
+        let s = spec(&p);
+        assert_eq!(
+            s["containers"][0]["volumeMounts"],
+            json!([{"name": "dshm", "mountPath": "/dev/shm"}, ours_mount()])
+        );
+        assert_eq!(s["volumes"][1], ours_volume());
+    }
+
+    #[test]
+    fn component_search() {
+        assert!(has_component("a:b:c", "b", ":"));
+        assert!(has_component("a:b:c", "b:c", ":"));
+        assert!(has_component("b", "b", ":"));
+        assert!(!has_component("ab:c", "b", ":"));
+        assert!(!has_component("a:bc", "b", ":"));
+        assert!(!has_component("", "b", ":"));
+        assert!(has_component("a::b", "b", "::"));
+        assert!(has_component("xay", "a", ""));
+        assert!(has_component("é:b", "b", ":"));
+    }
 }

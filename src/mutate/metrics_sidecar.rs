@@ -1,9 +1,397 @@
-//! TODO: this step is being written.
+//! The metrics sidecar: one exporter per pod that training code can push statsd metrics to.
+//!
+//! A container already named like ours is never replaced: with our image it is ours from an
+//! earlier pass (or an earlier webhook invocation); with another image it is the user's, and
+//! both cannot exist under one name. The sidecar is also left out when its ports would clash
+//! with the pod's: a second listener on a port fails at runtime, and a duplicated port name
+//! makes Services pick either. A pod without the sidecar works; an invalid pod does not.
 
-use k8s_openapi::api::core::v1::Pod;
+use std::collections::BTreeMap;
 
-use crate::policy::Policy;
+use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodSpec};
 
-pub fn ensure(_policy: &Policy, _pod: &mut Pod, _warnings: &mut Vec<String>) -> bool {
-    false
+use crate::pod::containers;
+use crate::policy::{Policy, SidecarMode};
+
+pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
+    let sidecar = &policy.mutation.metrics_sidecar;
+    let template = &sidecar.container;
+    let Some(spec) = pod.spec.as_mut() else {
+        return false;
+    };
+    let mut changed = false;
+    match obstacle(spec, template) {
+        None => {
+            let mut c = template.clone();
+            match sidecar.mode {
+                SidecarMode::Native => {
+                    c.restart_policy = Some("Always".into());
+                    spec.init_containers.get_or_insert_with(Vec::new).push(c);
+                }
+                SidecarMode::Classic => spec.containers.push(c),
+            }
+            changed = true;
+        }
+        Some(Obstacle::Ours) => {}
+        Some(Obstacle::NameTaken(noun)) => {
+            warnings.push(format!(
+                "tollgate: the pod has its own {noun} named {:?}; the metrics sidecar was not added",
+                template.name
+            ));
+            return false;
+        }
+        Some(Obstacle::PortTaken { noun, name, why }) => {
+            warnings.push(format!(
+                "tollgate: {noun} {name:?} already uses {why}; the metrics sidecar was not added"
+            ));
+            return false;
+        }
+    }
+    // Only with the sidecar in the pod: scrape annotations pointing at a port nothing serves
+    // would turn into failing scrapes and alerts.
+    changed |= add_annotations(pod, &sidecar.annotations);
+    changed
+}
+
+enum Obstacle<'a> {
+    /// Our sidecar is already in the pod.
+    Ours,
+    /// A container of the user's has our name.
+    NameTaken(&'static str),
+    /// A container of the user's uses one of our ports.
+    PortTaken {
+        noun: &'static str,
+        name: &'a str,
+        why: String,
+    },
+}
+
+fn obstacle<'a>(spec: &'a PodSpec, template: &Container) -> Option<Obstacle<'a>> {
+    for (kind, c) in containers(spec) {
+        if c.name == template.name {
+            return Some(if c.image == template.image {
+                Obstacle::Ours
+            } else {
+                Obstacle::NameTaken(kind.noun())
+            });
+        }
+    }
+    // Names are unique across every kind of container, ephemeral ones included.
+    if spec
+        .ephemeral_containers
+        .iter()
+        .flatten()
+        .any(|c| c.name == template.name)
+    {
+        return Some(Obstacle::NameTaken("ephemeral container"));
+    }
+    for (kind, c) in containers(spec) {
+        for theirs in c.ports.iter().flatten() {
+            for ours in template.ports.iter().flatten() {
+                if let Some(why) = port_clash(theirs, ours) {
+                    return Some(Obstacle::PortTaken {
+                        noun: kind.noun(),
+                        name: &c.name,
+                        why,
+                    });
+                }
+            }
+        }
+    }
+    None
+}
+
+/// What makes two ports clash, if they do. Containers of a pod share one network namespace,
+/// so the same number and protocol in two of them is one socket bound twice.
+fn port_clash(theirs: &ContainerPort, ours: &ContainerPort) -> Option<String> {
+    if let Some(name) = ours.name.as_deref().filter(|n| !n.is_empty()) {
+        if theirs.name.as_deref() == Some(name) {
+            return Some(format!("the port name {name:?}"));
+        }
+    }
+    let proto = protocol(ours);
+    if proto != protocol(theirs) {
+        return None;
+    }
+    if theirs.container_port == ours.container_port {
+        return Some(format!("port {}/{proto}", ours.container_port));
+    }
+    match ours.host_port {
+        Some(h) if h != 0 && theirs.host_port == Some(h) => Some(format!("host port {h}/{proto}")),
+        _ => None,
+    }
+}
+
+/// The apiserver defaults an unset protocol to TCP.
+fn protocol(p: &ContainerPort) -> &str {
+    p.protocol.as_deref().unwrap_or("TCP")
+}
+
+/// Adds the policy's annotations the pod does not have; a value the pod has is the user's.
+fn add_annotations(pod: &mut Pod, wanted: &BTreeMap<String, String>) -> bool {
+    let missing = |k: &String| {
+        pod.metadata
+            .annotations
+            .as_ref()
+            .is_none_or(|a| !a.contains_key(k))
+    };
+    if !wanted.keys().any(missing) {
+        return false;
+    }
+    let annotations = pod
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    for (k, v) in wanted {
+        annotations.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn pod(v: Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn to_json(p: &Pod) -> Value {
+        serde_json::to_value(p).unwrap()
+    }
+
+    /// Runs the step, then checks a second pass changes nothing and warns the same.
+    fn run(policy: &Policy, p: &mut Pod) -> (bool, Vec<String>) {
+        let mut warnings = vec![];
+        let changed = ensure(policy, p, &mut warnings);
+        let after = to_json(p);
+        let mut again = vec![];
+        assert!(
+            !ensure(policy, p, &mut again),
+            "second pass changed the pod"
+        );
+        assert_eq!(to_json(p), after, "second pass changed the pod");
+        assert_eq!(again, warnings, "second pass warns the same");
+        for w in &warnings {
+            assert!(w.starts_with("tollgate: ") && w.len() < 120, "{w}");
+        }
+        (changed, warnings)
+    }
+
+    fn trainer() -> Value {
+        json!({"name": "pytorch", "image": "train:1", "ports": [{"name": "dist", "containerPort": 23456, "protocol": "TCP"}]})
+    }
+
+    fn classic() -> Policy {
+        let mut p = Policy::default();
+        p.mutation.metrics_sidecar.mode = SidecarMode::Classic;
+        p
+    }
+
+    fn names(v: &Value) -> Vec<&str> {
+        v.as_array()
+            .map(|a| a.iter().map(|c| c["name"].as_str().unwrap()).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn native_sidecar_is_the_last_init_container() {
+        let mut p = pod(json!({"spec": {
+            "initContainers": [{"name": "fetch", "image": "busybox"}],
+            "containers": [trainer()],
+        }}));
+        let (changed, warnings) = run(&Policy::default(), &mut p);
+        assert!(changed);
+        assert!(warnings.is_empty());
+        let v = to_json(&p);
+        assert_eq!(
+            names(&v["spec"]["initContainers"]),
+            ["fetch", "tollgate-metrics"]
+        );
+        assert_eq!(names(&v["spec"]["containers"]), ["pytorch"]);
+        let mut expected =
+            serde_json::to_value(&Policy::default().mutation.metrics_sidecar.container).unwrap();
+        expected["restartPolicy"] = json!("Always");
+        assert_eq!(v["spec"]["initContainers"][1], expected);
+        assert_eq!(
+            v["metadata"]["annotations"],
+            json!({"prometheus.io/port": "9102", "prometheus.io/scrape": "true"})
+        );
+    }
+
+    #[test]
+    fn classic_sidecar_is_the_last_container() {
+        let mut p = pod(json!({"spec": {"containers": [trainer()]}}));
+        assert!(run(&classic(), &mut p).0);
+        let v = to_json(&p);
+        assert_eq!(
+            names(&v["spec"]["containers"]),
+            ["pytorch", "tollgate-metrics"]
+        );
+        assert!(v["spec"].get("initContainers").is_none());
+        assert!(v["spec"]["containers"][1].get("restartPolicy").is_none());
+    }
+
+    #[test]
+    fn ours_in_either_place_is_not_added_again() {
+        let template =
+            serde_json::to_value(&Policy::default().mutation.metrics_sidecar.container).unwrap();
+        // Injected by a classic-mode policy, now reviewed under native mode, and vice versa.
+        for (policy, spec) in [
+            (
+                Policy::default(),
+                json!({"containers": [trainer(), template.clone()]}),
+            ),
+            (
+                classic(),
+                json!({"initContainers": [template.clone()], "containers": [trainer()]}),
+            ),
+        ] {
+            let mut p = pod(
+                json!({"metadata": {"annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "9102"}}, "spec": spec}),
+            );
+            let before = to_json(&p);
+            let (changed, warnings) = run(&policy, &mut p);
+            assert!(!changed);
+            assert!(warnings.is_empty());
+            assert_eq!(to_json(&p), before);
+        }
+    }
+
+    #[test]
+    fn users_container_with_our_name_is_kept_with_a_warning() {
+        for spec in [
+            json!({"containers": [trainer(), {"name": "tollgate-metrics", "image": "my/exporter"}]}),
+            json!({"initContainers": [{"name": "tollgate-metrics", "image": "my/exporter"}], "containers": [trainer()]}),
+            json!({"containers": [trainer()], "ephemeralContainers": [{"name": "tollgate-metrics", "image": "busybox"}]}),
+        ] {
+            let mut p = pod(json!({"spec": spec}));
+            let before = to_json(&p);
+            let (changed, warnings) = run(&Policy::default(), &mut p);
+            assert!(!changed, "{spec}");
+            assert_eq!(warnings.len(), 1, "{spec}");
+            assert!(
+                warnings[0].contains("\"tollgate-metrics\""),
+                "{}",
+                warnings[0]
+            );
+            assert_eq!(
+                to_json(&p),
+                before,
+                "no scrape annotations without the sidecar"
+            );
+        }
+    }
+
+    #[test]
+    fn clashing_ports_keep_the_sidecar_out() {
+        for (port, expected) in [
+            (
+                json!({"name": "tg-metrics", "containerPort": 8080}),
+                "the port name \"tg-metrics\"",
+            ),
+            (json!({"containerPort": 9102}), "port 9102/TCP"),
+            (
+                json!({"containerPort": 9125, "protocol": "UDP"}),
+                "port 9125/UDP",
+            ),
+        ] {
+            let mut c = trainer();
+            c["ports"].as_array_mut().unwrap().push(port.clone());
+            let mut p = pod(json!({"spec": {"containers": [c]}}));
+            let before = to_json(&p);
+            let (changed, warnings) = run(&Policy::default(), &mut p);
+            assert!(!changed, "{port}");
+            assert_eq!(
+                warnings,
+                [format!("tollgate: container \"pytorch\" already uses {expected}; the metrics sidecar was not added")]
+            );
+            assert_eq!(to_json(&p), before);
+        }
+    }
+
+    #[test]
+    fn same_number_other_protocol_is_no_clash() {
+        let mut c = trainer();
+        c["ports"] = json!([{"containerPort": 9102, "protocol": "UDP"}, {"containerPort": 9125}]);
+        let mut p = pod(json!({"spec": {"containers": [c]}}));
+        assert!(run(&Policy::default(), &mut p).0);
+    }
+
+    #[test]
+    fn host_port_clash() {
+        let mut policy = Policy::default();
+        policy
+            .mutation
+            .metrics_sidecar
+            .container
+            .ports
+            .as_mut()
+            .unwrap()[0]
+            .host_port = Some(9999);
+        let mut c = trainer();
+        c["ports"] = json!([{"containerPort": 80, "hostPort": 9999}]);
+        let mut p = pod(json!({"spec": {"containers": [c]}}));
+        let (changed, warnings) = run(&policy, &mut p);
+        assert!(!changed);
+        assert!(
+            warnings[0].contains("host port 9999/TCP"),
+            "{}",
+            warnings[0]
+        );
+    }
+
+    #[test]
+    fn existing_annotations_are_kept() {
+        let mut p = pod(json!({
+            "metadata": {"annotations": {"prometheus.io/port": "8000", "team": "vision"}},
+            "spec": {"containers": [trainer()]},
+        }));
+        assert!(run(&Policy::default(), &mut p).0);
+        assert_eq!(
+            to_json(&p)["metadata"]["annotations"],
+            json!({"prometheus.io/port": "8000", "prometheus.io/scrape": "true", "team": "vision"})
+        );
+    }
+
+    #[test]
+    fn only_annotations_missing_still_counts_as_a_change() {
+        let template =
+            serde_json::to_value(&Policy::default().mutation.metrics_sidecar.container).unwrap();
+        let mut p = pod(json!({"spec": {"containers": [trainer(), template]}}));
+        assert!(run(&Policy::default(), &mut p).0);
+        assert_eq!(
+            to_json(&p)["metadata"]["annotations"]["prometheus.io/scrape"],
+            "true"
+        );
+    }
+
+    #[test]
+    fn no_annotations_in_policy_adds_no_empty_map() {
+        let mut policy = Policy::default();
+        policy.mutation.metrics_sidecar.annotations.clear();
+        let mut p = pod(json!({"spec": {"containers": [trainer()]}}));
+        assert!(run(&policy, &mut p).0);
+        assert!(to_json(&p)["metadata"].get("annotations").is_none());
+    }
+
+    #[test]
+    fn pod_without_spec_is_untouched() {
+        let mut p = pod(json!({"metadata": {"name": "x"}}));
+        assert!(!ensure(&Policy::default(), &mut p, &mut vec![]));
+        assert!(p.metadata.annotations.is_none());
+    }
+
+    #[test]
+    fn apiserver_fixture_round_trips_idempotently() {
+        let review: Value = serde_json::from_str(include_str!(
+            "../../tests/fixtures/apiserver-v1.36/resnet50-master-0.mutate.json"
+        ))
+        .unwrap();
+        let mut p = pod(review["request"]["object"].clone());
+        assert!(run(&Policy::default(), &mut p).0);
+        let mut again = pod(to_json(&p));
+        assert!(!ensure(&Policy::default(), &mut again, &mut vec![]));
+    }
 }

@@ -1,0 +1,466 @@
+//! Properties of the whole mutation over generated pods: idempotent, valid, and expressible as
+//! the JSON patch the webhook returns.
+//!
+//! The generator is a small deterministic PRNG (no extra crates); a failure prints the seed
+//! and the pod so that it can be replayed as a unit test.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde_json::{json, Value};
+use tollgate::mutate::mutate;
+use tollgate::policy::{Policy, SidecarMode};
+use tollgate::quantity;
+use tollgate::review::{review_bytes, Endpoint};
+
+const CASES: u64 = 1500;
+
+/// xorshift64*: good enough to spread cases, and reproducible from a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+}
+
+const CPUS: &[&str] = &["100m", "500m", "1", "1500m", "2", "3", "8", "0.5"];
+const MEMS: &[&str] = &[
+    "64Mi", "1Gi", "3Gi", "4Gi", "4096Mi", "6Gi", "64Gi", "1000M",
+];
+const GPUS: &[&str] = &["nvidia.com/gpu", "amd.com/gpu", "example.com/fpga"];
+const ENV_VALUES: &[&str] = &[
+    "/opt/lib",
+    "",
+    "/usr/local/nvidia/lib64",
+    "/a:/usr/local/nvidia/lib64",
+];
+const MOUNT_PATHS: &[&str] = &[
+    "/data",
+    "/usr/local/nvidia",
+    "/usr/local/nvidia/",
+    "/opt/nv",
+];
+const MOUNT_NAMES: &[&str] = &["data", "tollgate-nvidia-driver", "dshm"];
+const OUR_IMAGE: &str = "quay.io/prometheus/statsd-exporter:v0.28.0";
+
+/// A cpu or memory pair: request and limit, each possibly absent, and a limit never below the
+/// request (a pod the apiserver would refuse anyway proves nothing about tollgate).
+fn pair(
+    rng: &mut Rng,
+    values: &[&str],
+    requests: &mut BTreeMap<String, Value>,
+    limits: &mut BTreeMap<String, Value>,
+    name: &str,
+) {
+    // Occasionally something unreadable: tollgate must leave it alone, not panic.
+    if rng.chance(3) {
+        requests.insert(name.into(), json!("lots"));
+        return;
+    }
+    let a = *rng.pick(values);
+    let b = *rng.pick(values);
+    let (lo, hi) = if quantity::parse(a).unwrap() <= quantity::parse(b).unwrap() {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    match rng.below(4) {
+        0 => {}
+        1 => {
+            requests.insert(name.into(), json!(lo));
+        }
+        2 => {
+            limits.insert(name.into(), json!(hi));
+        }
+        _ => {
+            requests.insert(name.into(), json!(lo));
+            limits.insert(name.into(), json!(hi));
+        }
+    }
+}
+
+fn container(rng: &mut Rng, name: String, port_base: i32, clash_used: &mut bool) -> Value {
+    let mut requests = BTreeMap::new();
+    let mut limits = BTreeMap::new();
+    pair(rng, CPUS, &mut requests, &mut limits, "cpu");
+    pair(rng, MEMS, &mut requests, &mut limits, "memory");
+    if rng.chance(50) {
+        let gpu = *rng.pick(GPUS);
+        let n = json!(rng.pick(&["1", "2", "4", "8"]).to_string());
+        match rng.below(3) {
+            0 => {
+                requests.insert(gpu.into(), n);
+            }
+            1 => {
+                limits.insert(gpu.into(), n);
+            }
+            _ => {
+                requests.insert(gpu.into(), n.clone());
+                limits.insert(gpu.into(), n);
+            }
+        }
+    }
+    if rng.chance(10) {
+        requests.insert("hugepages-2Mi".into(), json!("1Gi"));
+    }
+    let mut c = json!({"name": name, "image": "train:1"});
+    if !requests.is_empty() || !limits.is_empty() {
+        c["resources"] = json!({});
+        if !requests.is_empty() {
+            c["resources"]["requests"] = json!(requests);
+        }
+        if !limits.is_empty() {
+            c["resources"]["limits"] = json!(limits);
+        }
+    }
+    if rng.chance(40) {
+        let mut ports = vec![json!({"name": format!("p{port_base}"), "containerPort": port_base})];
+        if !*clash_used && rng.chance(20) {
+            *clash_used = true;
+            // Ours, by number or by name: the sidecar must then stay out.
+            ports.push(match rng.below(3) {
+                0 => json!({"containerPort": 9102}),
+                1 => json!({"containerPort": 9125, "protocol": "UDP"}),
+                _ => json!({"name": "tg-metrics", "containerPort": port_base + 1}),
+            });
+        }
+        c["ports"] = json!(ports);
+    }
+    if rng.chance(30) {
+        let name = *rng.pick(MOUNT_NAMES);
+        c["volumeMounts"] = json!([{"name": name, "mountPath": rng.pick(MOUNT_PATHS)}]);
+    }
+    if rng.chance(30) {
+        let mut var = json!({"name": "LD_LIBRARY_PATH"});
+        if rng.chance(20) {
+            var["valueFrom"] = json!({"fieldRef": {"fieldPath": "metadata.name"}});
+        } else {
+            var["value"] = json!(rng.pick(ENV_VALUES));
+        }
+        c["env"] = json!([{"name": "A", "value": "1"}, var]);
+    }
+    c
+}
+
+fn gen_pod(rng: &mut Rng) -> Value {
+    let mut init = vec![];
+    let mut regular = vec![];
+    let mut next = 0;
+    // One user port like the sidecar's at most: two would already be an invalid pod.
+    let mut clash_used = false;
+    for _ in 0..rng.below(3) {
+        let mut c = container(
+            rng,
+            format!("init{next}"),
+            1000 + 10 * next,
+            &mut clash_used,
+        );
+        if rng.chance(50) {
+            c["restartPolicy"] = json!("Always");
+        }
+        init.push(c);
+        next += 1;
+    }
+    for _ in 0..1 + rng.below(3) {
+        regular.push(container(
+            rng,
+            format!("c{next}"),
+            1000 + 10 * next,
+            &mut clash_used,
+        ));
+        next += 1;
+    }
+    if rng.chance(10) {
+        // A container with the sidecar's name: ours from an earlier pass, or the user's.
+        let image = if rng.chance(50) {
+            OUR_IMAGE
+        } else {
+            "my/exporter"
+        };
+        regular.push(json!({"name": "tollgate-metrics", "image": image}));
+    }
+    let mut volumes: Vec<Value> = MOUNT_NAMES
+        .iter()
+        .filter(|n| **n != "tollgate-nvidia-driver")
+        .map(|n| json!({"name": n, "emptyDir": {}}))
+        .collect();
+    if rng.chance(20) {
+        volumes.push(if rng.chance(50) {
+            json!({"name": "tollgate-nvidia-driver", "hostPath": {"path": "/opt/other"}})
+        } else {
+            json!({"name": "tollgate-nvidia-driver", "hostPath": {"path": "/usr/local/nvidia", "type": "Directory"}})
+        });
+    }
+    let mounts_ours = init.iter().chain(&regular).any(|c| {
+        c["volumeMounts"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["name"] == "tollgate-nvidia-driver"))
+    });
+    if mounts_ours
+        && !volumes
+            .iter()
+            .any(|v| v["name"] == "tollgate-nvidia-driver")
+    {
+        volumes.push(
+            json!({"name": "tollgate-nvidia-driver", "hostPath": {"path": "/usr/local/nvidia"}}),
+        );
+    }
+    let mut spec = json!({"containers": regular, "volumes": volumes, "restartPolicy": "Never"});
+    if !init.is_empty() {
+        spec["initContainers"] = json!(init);
+    }
+    if rng.chance(15) {
+        spec["resources"] = json!({"requests": {"cpu": "4"}, "limits": {"memory": "32Gi"}});
+    }
+    let mut meta =
+        json!({"name": "p", "namespace": "ml", "labels": {"batch.kubernetes.io/job-name": "j"}});
+    if rng.chance(20) {
+        meta["annotations"] = json!({"prometheus.io/port": "8000"});
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+}
+
+fn policies() -> Vec<(&'static str, Policy)> {
+    let mut per_gpu = Policy::default();
+    let d = &mut per_gpu.mutation.default_resources.per_gpu;
+    d.insert("cpu".into(), Quantity("8".into()));
+    d.insert("memory".into(), Quantity("64Gi".into()));
+    let mut classic = Policy::default();
+    classic.mutation.metrics_sidecar.mode = SidecarMode::Classic;
+    classic.gpu.all_extended_resources = true;
+    vec![
+        ("default", Policy::default()),
+        ("per-gpu", per_gpu),
+        ("classic", classic),
+    ]
+}
+
+fn all_containers(p: &Pod) -> Vec<&Container> {
+    let spec = p.spec.as_ref().unwrap();
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .collect()
+}
+
+fn check(seed: u64, policy_name: &str, policy: &Policy, input: &Value) {
+    let ctx = || format!("seed {seed}, policy {policy_name}, pod {input}");
+    let before: Pod = serde_json::from_value(input.clone()).unwrap();
+    let mut pod = before.clone();
+    let first = mutate(policy, &mut pod);
+    let after = serde_json::to_value(&pod).unwrap();
+
+    // Idempotent, also after the round trip through the apiserver's JSON.
+    let mut again: Pod = serde_json::from_value(after.clone()).unwrap();
+    let second = mutate(policy, &mut again);
+    assert!(
+        second.applied.is_empty(),
+        "second pass applied {:?}: {}",
+        second.applied,
+        ctx()
+    );
+    assert_eq!(
+        serde_json::to_value(&again).unwrap(),
+        after,
+        "second pass changed the pod: {}",
+        ctx()
+    );
+
+    for w in &first.warnings {
+        assert!(w.starts_with("tollgate: "), "{w}: {}", ctx());
+    }
+
+    // Limits never below requests, and non-overcommittable resources with equal limits.
+    for c in all_containers(&pod) {
+        let Some(r) = c.resources.as_ref() else {
+            continue;
+        };
+        let requests = r.requests.clone().unwrap_or_default();
+        let limits = r.limits.clone().unwrap_or_default();
+        for (name, req) in &requests {
+            let Some(lim) = limits.get(name) else {
+                assert!(
+                    !quantity::is_non_overcommittable(name) || quantity::parse(&req.0).is_err(),
+                    "{name} requested without a limit in {}: {}",
+                    c.name,
+                    ctx()
+                );
+                continue;
+            };
+            let (Ok(req), Ok(lim)) = (quantity::parse(&req.0), quantity::parse(&lim.0)) else {
+                continue;
+            };
+            if name == "cpu" || name == "memory" {
+                assert!(
+                    lim >= req,
+                    "{name} limit {lim} < request {req} in {}: {}",
+                    c.name,
+                    ctx()
+                );
+            }
+            if quantity::is_non_overcommittable(name) {
+                assert_eq!(lim, req, "{name} in {}: {}", c.name, ctx());
+            }
+        }
+    }
+
+    // Unique container, port and volume names; unique mount paths within a container.
+    let mut names = BTreeSet::new();
+    let mut port_names = BTreeSet::new();
+    let mut ports = BTreeSet::new();
+    for c in all_containers(&pod) {
+        assert!(
+            names.insert(c.name.clone()),
+            "container {} twice: {}",
+            c.name,
+            ctx()
+        );
+        for p in c.ports.iter().flatten() {
+            if let Some(n) = &p.name {
+                assert!(
+                    port_names.insert(n.clone()),
+                    "port name {n} twice: {}",
+                    ctx()
+                );
+            }
+            let proto = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+            assert!(
+                ports.insert((p.container_port, proto)),
+                "port {} twice: {}",
+                p.container_port,
+                ctx()
+            );
+        }
+        let mut paths = BTreeSet::new();
+        for m in c.volume_mounts.iter().flatten() {
+            assert!(
+                paths.insert(m.mount_path.trim_end_matches('/')),
+                "mount path {} twice in {}: {}",
+                m.mount_path,
+                c.name,
+                ctx()
+            );
+        }
+    }
+    let spec = pod.spec.as_ref().unwrap();
+    let mut volumes = BTreeSet::new();
+    for v in spec.volumes.iter().flatten() {
+        assert!(
+            volumes.insert(v.name.clone()),
+            "volume {} twice: {}",
+            v.name,
+            ctx()
+        );
+    }
+    for c in all_containers(&pod) {
+        for m in c.volume_mounts.iter().flatten() {
+            assert!(
+                volumes.contains(&m.name),
+                "mount of a missing volume {}: {}",
+                m.name,
+                ctx()
+            );
+        }
+    }
+
+    // The patch the webhook would send turns the pod it got into the pod tollgate made.
+    let before_json = serde_json::to_value(&before).unwrap();
+    let patch = json_patch::diff(&before_json, &after);
+    let mut patched = before_json.clone();
+    json_patch::patch(&mut patched, &patch).unwrap_or_else(|e| panic!("{e}: {}", ctx()));
+    assert_eq!(patched, after, "{}", ctx());
+}
+
+#[test]
+fn generated_pods() {
+    let policies = policies();
+    for seed in 0..CASES {
+        let mut rng = Rng::new(seed);
+        let input = gen_pod(&mut rng);
+        for (name, policy) in &policies {
+            check(seed, name, policy, &input);
+        }
+    }
+}
+
+/// The whole review, as the apiserver sees it: the base64 patch applies to the object sent.
+#[test]
+fn generated_reviews_patch_cleanly() {
+    let template: Value = serde_json::from_str(include_str!(
+        "fixtures/apiserver-v1.36/resnet50-master-0.mutate.json"
+    ))
+    .unwrap();
+    let policy = Policy::default();
+    for seed in 0..CASES / 5 {
+        let mut rng = Rng::new(seed ^ 0xDEAD_BEEF);
+        let object = gen_pod(&mut rng);
+        let mut review = template.clone();
+        review["request"]["object"] = object.clone();
+        let body = serde_json::to_vec(&review).unwrap();
+        let reviewed = review_bytes(Endpoint::Mutate, &policy, &body).unwrap();
+        assert!(reviewed.response.allowed, "seed {seed}");
+        let mut patched = object.clone();
+        if let Some(patch) = &reviewed.patch {
+            json_patch::patch(&mut patched, patch).unwrap();
+        }
+        let mut expected: Pod = serde_json::from_value(object.clone()).unwrap();
+        mutate(&policy, &mut expected);
+        // The object sent may carry fields the typed Pod drops; only compare what it keeps.
+        let patched: Pod = serde_json::from_value(patched).unwrap();
+        assert_eq!(patched, expected, "seed {seed}: {object}");
+    }
+}
+
+#[test]
+fn apiserver_fixtures_are_idempotent_under_every_policy() {
+    for (name, text) in [
+        (
+            "resnet50-master-0",
+            include_str!("fixtures/apiserver-v1.36/resnet50-master-0.mutate.json"),
+        ),
+        (
+            "resnet50-worker",
+            include_str!("fixtures/apiserver-v1.36/resnet50-worker-generatename.mutate.json"),
+        ),
+        (
+            "notebook-helper",
+            include_str!("fixtures/apiserver-v1.36/notebook-helper.mutate.json"),
+        ),
+        (
+            "preprocess",
+            include_str!("fixtures/apiserver-v1.36/preprocess-abcde.mutate.json"),
+        ),
+    ] {
+        let review: Value = serde_json::from_str(text).unwrap();
+        for (policy_name, policy) in &policies() {
+            check(
+                0,
+                &format!("{policy_name} on {name}"),
+                policy,
+                &review["request"]["object"],
+            );
+        }
+    }
+}
