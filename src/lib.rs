@@ -10,5 +10,6 @@ pub mod optout;
 pub mod pod;
 pub mod policy;
 pub mod quantity;
+pub mod register;
 pub mod review;
 pub mod validate;
