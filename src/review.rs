@@ -154,7 +154,7 @@ fn slow_path(
     let req: AdmissionRequest<DynamicObject> =
         review.try_into().map_err(|_| ReviewError::NoRequest)?;
     let mut reviewed = skeleton(endpoint, &req, None);
-    if req.kind.kind != "Pod" || req.kind.group != "" {
+    if req.kind.kind != "Pod" || !req.kind.group.is_empty() {
         // Registered for more than pods by mistake: tollgate has no opinion, so it stays out
         // of the way rather than blocking unrelated objects.
         reviewed.response.warnings = Some(vec![format!(
