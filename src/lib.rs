@@ -14,6 +14,7 @@ pub mod optout;
 pub mod pod;
 pub mod policy;
 pub mod quantity;
+pub mod register;
 pub mod review;
 pub mod server;
 pub mod telemetry;

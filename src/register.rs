@@ -1,0 +1,601 @@
+//! `tollgate register`: registers the mutating and validating webhooks with a cluster.
+//!
+//! The webhook configurations are not written here: they are the manifests in
+//! `deploy/base`, embedded at build time, so `tollgate register` and `kubectl apply -k`
+//! register exactly the same webhooks. This module only fills in the caBundle (from a CA
+//! file such as the `ca.crt` that `tollgate certs` writes), the Service's name and
+//! namespace, and optional failure-policy overrides, then server-side-applies both objects
+//! (idempotent: run it again after rotating the CA). `--dry-run` prints them as YAML instead
+//! and needs no cluster.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::ByteString;
+
+/// The base manifest of the mutating webhook (`deploy/base`), embedded.
+pub const MUTATING_MANIFEST: &str =
+    include_str!("../deploy/base/mutatingwebhookconfiguration.yaml");
+/// The base manifest of the validating webhook (`deploy/base`), embedded.
+pub const VALIDATING_MANIFEST: &str =
+    include_str!("../deploy/base/validatingwebhookconfiguration.yaml");
+
+/// The field manager of server-side apply: `kubectl get ... --show-managed-fields` names it.
+pub const FIELD_MANAGER: &str = "tollgate-register";
+
+/// The Service the base manifests point at.
+const BASE_SERVICE: &str = "tollgate";
+const BASE_NAMESPACE: &str = "tollgate-system";
+/// The label every namespace carries (Kubernetes 1.21+), used to exclude namespaces by name.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// What the API server does when it cannot get an answer from the webhook in time.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Reject the request (fail closed).
+    #[value(name = "Fail", alias = "fail")]
+    Fail,
+    /// Admit the request without the webhook (fail open).
+    #[value(name = "Ignore", alias = "ignore")]
+    Ignore,
+}
+
+impl FailurePolicy {
+    fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Fail => "Fail",
+            FailurePolicy::Ignore => "Ignore",
+        }
+    }
+}
+
+/// Arguments of `tollgate register`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RegisterArgs {
+    /// PEM file of the CA that signed the serving certificate (the caBundle), e.g. the
+    /// ca.crt written by `tollgate certs`.
+    #[arg(long, value_name = "PATH")]
+    pub ca_file: PathBuf,
+
+    /// Name of the Service in front of tollgate.
+    #[arg(long, value_name = "NAME", default_value = BASE_SERVICE)]
+    pub service: String,
+
+    /// Namespace of that Service. It is also excluded from enforcement, like kube-system.
+    #[arg(long, value_name = "NS", default_value = BASE_NAMESPACE)]
+    pub namespace: String,
+
+    /// Print the webhook configurations as YAML instead of applying them (no cluster needed).
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Override the mutating webhook's failurePolicy (default: as in deploy/base, Fail).
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub failure_policy_mutate: Option<FailurePolicy>,
+
+    /// Override the validating webhook's failurePolicy (default: as in deploy/base, Fail).
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub failure_policy_validate: Option<FailurePolicy>,
+
+    /// Kubeconfig file to use instead of $KUBECONFIG or ~/.kube/config.
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Kubeconfig context to use instead of the current context.
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+}
+
+impl RegisterArgs {
+    /// Arguments with the defaults `clap` gives, for a CA file.
+    pub fn new(ca_file: impl Into<PathBuf>) -> Self {
+        RegisterArgs {
+            ca_file: ca_file.into(),
+            service: BASE_SERVICE.to_owned(),
+            namespace: BASE_NAMESPACE.to_owned(),
+            dry_run: false,
+            failure_policy_mutate: None,
+            failure_policy_validate: None,
+            kubeconfig: None,
+            context: None,
+        }
+    }
+}
+
+/// The two webhook configurations tollgate registers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WebhookConfigurations {
+    pub mutating: MutatingWebhookConfiguration,
+    pub validating: ValidatingWebhookConfiguration,
+}
+
+/// The webhook configurations exactly as in `deploy/base` (no caBundle).
+pub fn base_configurations() -> Result<WebhookConfigurations> {
+    let mutating: MutatingWebhookConfiguration = serde_saphyr::from_str(MUTATING_MANIFEST)
+        .context("parsing the embedded deploy/base/mutatingwebhookconfiguration.yaml")?;
+    let validating: ValidatingWebhookConfiguration = serde_saphyr::from_str(VALIDATING_MANIFEST)
+        .context("parsing the embedded deploy/base/validatingwebhookconfiguration.yaml")?;
+    Ok(WebhookConfigurations {
+        mutating,
+        validating,
+    })
+}
+
+/// The webhook configurations for `args`, trusting the PEM `ca_bundle`.
+pub fn build(args: &RegisterArgs, ca_bundle: &[u8]) -> Result<WebhookConfigurations> {
+    validate_dns_label(&args.service, "--service")?;
+    validate_dns_label(&args.namespace, "--namespace")?;
+    let mut configs = base_configurations()?;
+    for webhook in configs.mutating.webhooks.iter_mut().flatten() {
+        point_at(&mut webhook.client_config, args, ca_bundle);
+        exclude_own_namespace(webhook.namespace_selector.as_mut(), &args.namespace);
+        if let Some(policy) = args.failure_policy_mutate {
+            webhook.failure_policy = Some(policy.as_str().to_owned());
+        }
+    }
+    for webhook in configs.validating.webhooks.iter_mut().flatten() {
+        point_at(&mut webhook.client_config, args, ca_bundle);
+        exclude_own_namespace(webhook.namespace_selector.as_mut(), &args.namespace);
+        if let Some(policy) = args.failure_policy_validate {
+            webhook.failure_policy = Some(policy.as_str().to_owned());
+        }
+    }
+    Ok(configs)
+}
+
+fn point_at(client_config: &mut WebhookClientConfig, args: &RegisterArgs, ca_bundle: &[u8]) {
+    client_config.ca_bundle = Some(ByteString(ca_bundle.to_vec()));
+    if let Some(service) = client_config.service.as_mut() {
+        service.name.clone_from(&args.service);
+        service.namespace.clone_from(&args.namespace);
+    }
+}
+
+/// The base excludes `tollgate-system` by name; a release in another namespace excludes
+/// that one instead, so tollgate never gates the creation of its own pods.
+fn exclude_own_namespace(selector: Option<&mut LabelSelector>, namespace: &str) {
+    let Some(selector) = selector else { return };
+    for requirement in selector.match_expressions.iter_mut().flatten() {
+        if requirement.key != NAMESPACE_NAME_LABEL || requirement.operator != "NotIn" {
+            continue;
+        }
+        let values = requirement.values.get_or_insert_with(Vec::new);
+        if namespace != BASE_NAMESPACE {
+            values.retain(|v| v != BASE_NAMESPACE);
+        }
+        if !values.iter().any(|v| v == namespace) {
+            values.push(namespace.to_owned());
+        }
+    }
+}
+
+fn validate_dns_label(value: &str, flag: &str) -> Result<()> {
+    let ok = !value.is_empty()
+        && value.len() <= 63
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !value.starts_with('-')
+        && !value.ends_with('-');
+    if !ok {
+        bail!(
+            "{flag} {value:?} is not a valid name (lowercase letters, digits and '-', at most 63)"
+        );
+    }
+    Ok(())
+}
+
+/// Reads and checks a CA bundle: one or more PEM certificates, none of them expired.
+pub fn read_ca_bundle(path: &Path) -> Result<Vec<u8>> {
+    let pem =
+        std::fs::read(path).with_context(|| format!("reading the CA file {}", path.display()))?;
+    check_ca_bundle(&pem).with_context(|| format!("CA file {}", path.display()))?;
+    Ok(pem)
+}
+
+/// Checks that `pem` holds at least one X.509 certificate and no expired one.
+pub fn check_ca_bundle(pem: &[u8]) -> Result<()> {
+    let mut certificates = 0;
+    for block in x509_parser::pem::Pem::iter_from_buffer(pem) {
+        let block = block.map_err(|e| anyhow!("not valid PEM: {e}"))?;
+        if block.label.contains("PRIVATE KEY") {
+            bail!("holds a private key; pass the CA certificate (ca.crt), never a key");
+        }
+        if block.label != "CERTIFICATE" {
+            continue;
+        }
+        let cert = block
+            .parse_x509()
+            .map_err(|e| anyhow!("certificate {} is not valid X.509: {e}", certificates + 1))?;
+        if cert.validity().time_to_expiration().is_none() {
+            bail!(
+                "certificate {:?} expired on {}",
+                cert.subject().to_string(),
+                cert.validity().not_after
+            );
+        }
+        certificates += 1;
+    }
+    if certificates == 0 {
+        bail!("holds no PEM CERTIFICATE block");
+    }
+    Ok(())
+}
+
+/// The configurations as a two-document YAML stream, ready for `kubectl apply -f -`.
+pub fn to_yaml(configs: &WebhookConfigurations) -> Result<String> {
+    let mutating = serde_saphyr::to_string(&configs.mutating)
+        .context("serializing the MutatingWebhookConfiguration")?;
+    let validating = serde_saphyr::to_string(&configs.validating)
+        .context("serializing the ValidatingWebhookConfiguration")?;
+    Ok(format!("---\n{mutating}---\n{validating}"))
+}
+
+/// Runs `tollgate register`, printing the YAML (`--dry-run`) or what was applied.
+pub async fn run(args: &RegisterArgs) -> Result<()> {
+    let output = execute(args).await?;
+    print!("{output}");
+    Ok(())
+}
+
+/// Does what [`run`] does and returns what it would print.
+pub async fn execute(args: &RegisterArgs) -> Result<String> {
+    let ca_bundle = read_ca_bundle(&args.ca_file)?;
+    let configs = build(args, &ca_bundle)?;
+    if args.dry_run {
+        return to_yaml(&configs);
+    }
+    let sources = KubeconfigSources::from_process_env(args.kubeconfig.clone());
+    let config = load_client_config(&sources, args.context.as_deref()).await?;
+    let cluster = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config)
+        .with_context(|| format!("creating a client for the API server at {cluster}"))?;
+    apply(client, &configs, &cluster).await
+}
+
+async fn apply(
+    client: kube::Client,
+    configs: &WebhookConfigurations,
+    cluster: &str,
+) -> Result<String> {
+    use kube::api::{Api, Patch, PatchParams};
+
+    // force: take over fields another manager (an earlier `kubectl apply`) set, such as
+    // caBundle; the content is tollgate's own definition, so that is what we want.
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut out = String::new();
+
+    let name = object_name(configs.mutating.metadata.name.as_deref())?;
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    api.patch(name, &params, &Patch::Apply(&configs.mutating))
+        .await
+        .map_err(|e| explain(e, "mutatingwebhookconfigurations", name, cluster))?;
+    let _ = writeln!(
+        out,
+        "mutatingwebhookconfiguration.admissionregistration.k8s.io/{name} serverside-applied"
+    );
+
+    let name = object_name(configs.validating.metadata.name.as_deref())?;
+    let api: Api<ValidatingWebhookConfiguration> = Api::all(client);
+    api.patch(name, &params, &Patch::Apply(&configs.validating))
+        .await
+        .map_err(|e| explain(e, "validatingwebhookconfigurations", name, cluster))?;
+    let _ = writeln!(
+        out,
+        "validatingwebhookconfiguration.admissionregistration.k8s.io/{name} serverside-applied"
+    );
+    Ok(out)
+}
+
+fn object_name(name: Option<&str>) -> Result<&str> {
+    name.ok_or_else(|| anyhow!("the embedded webhook manifest has no metadata.name"))
+}
+
+/// Turns a client error into one that says what to do about it.
+pub fn explain(err: kube::Error, resource: &str, name: &str, cluster: &str) -> anyhow::Error {
+    let kube::Error::Api(status) = &err else {
+        return anyhow::Error::new(err).context(format!(
+            "applying {resource}.admissionregistration.k8s.io/{name} at {cluster}"
+        ));
+    };
+    let said = &status.message;
+    match status.code {
+        401 => anyhow!(
+            "the API server at {cluster} rejected the credentials (401 Unauthorized): log in \
+             again or check the user of the kubeconfig context; it said: {said}"
+        ),
+        403 => anyhow!(
+            "forbidden: registering the webhooks needs the cluster-scoped permissions get, \
+             create and patch on {resource} (API group admissionregistration.k8s.io), which \
+             the current user lacks; ask a cluster administrator, or check with \
+             `kubectl auth can-i patch {resource}.admissionregistration.k8s.io`; the API \
+             server said: {said}"
+        ),
+        _ => anyhow::Error::new(err).context(format!(
+            "applying {resource}.admissionregistration.k8s.io/{name} at {cluster}"
+        )),
+    }
+}
+
+/// Where the kubeconfig may come from, gathered from the process's environment by
+/// [`KubeconfigSources::from_process_env`] (or built by hand in tests).
+#[derive(Debug, Clone, Default)]
+pub struct KubeconfigSources {
+    /// `--kubeconfig`.
+    pub explicit: Option<PathBuf>,
+    /// `$KUBECONFIG`: a list of files, as `kubectl` reads it.
+    pub env: Option<OsString>,
+    /// `$HOME`, for `~/.kube/config`.
+    pub home: Option<PathBuf>,
+    /// Whether this runs in a pod (`$KUBERNETES_SERVICE_HOST` is set).
+    pub in_cluster: bool,
+}
+
+impl KubeconfigSources {
+    pub fn from_process_env(explicit: Option<PathBuf>) -> Self {
+        KubeconfigSources {
+            explicit,
+            env: std::env::var_os("KUBECONFIG"),
+            home: std::env::var_os("HOME").map(PathBuf::from),
+            in_cluster: std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
+        }
+    }
+}
+
+/// Loads the client configuration as `kubectl` would: `--kubeconfig`, else the files in
+/// `$KUBECONFIG` that exist (merged), else `~/.kube/config`, else the in-cluster config.
+pub async fn load_client_config(
+    sources: &KubeconfigSources,
+    context: Option<&str>,
+) -> Result<kube::Config> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+
+    const HINT: &str = "set KUBECONFIG or pass --kubeconfig, or use --dry-run to print the \
+                        webhook configurations without a cluster";
+
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    let files = if let Some(path) = &sources.explicit {
+        if !path.is_file() {
+            bail!(
+                "no kubeconfig found: {} (from --kubeconfig) does not exist",
+                path.display()
+            );
+        }
+        vec![path.clone()]
+    } else if let Some(list) = sources.env.as_ref().filter(|v| !v.is_empty()) {
+        candidates.extend(std::env::split_paths(list).filter(|p| !p.as_os_str().is_empty()));
+        candidates.iter().filter(|p| p.is_file()).cloned().collect()
+    } else {
+        if let Some(home) = &sources.home {
+            candidates.push(home.join(".kube").join("config"));
+        }
+        candidates.iter().filter(|p| p.is_file()).cloned().collect()
+    };
+
+    if files.is_empty() {
+        if sources.in_cluster {
+            return kube::Config::incluster()
+                .context("loading the in-cluster configuration (no kubeconfig found)");
+        }
+        let looked: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
+        if looked.is_empty() {
+            bail!("no kubeconfig found: {HINT}");
+        }
+        bail!(
+            "no kubeconfig found (looked at {}): {HINT}",
+            looked.join(", ")
+        );
+    }
+
+    let mut merged = Kubeconfig::default();
+    for file in &files {
+        let next = Kubeconfig::read_from(file)
+            .with_context(|| format!("reading kubeconfig {}", file.display()))?;
+        merged = merged
+            .merge(next)
+            .with_context(|| format!("merging kubeconfig {}", file.display()))?;
+    }
+    let options = KubeConfigOptions {
+        context: context.map(str::to_owned),
+        ..KubeConfigOptions::default()
+    };
+    let shown: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
+    kube::Config::from_custom_kubeconfig(merged, &options)
+        .await
+        .with_context(|| format!("using kubeconfig {}", shown.join(", ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn test_ca() -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.self_signed(&key).unwrap().pem()
+    }
+
+    #[test]
+    fn embedded_manifests_parse() {
+        let base = base_configurations().unwrap();
+        assert_eq!(base.mutating.metadata.name.as_deref(), Some("tollgate"));
+        assert_eq!(base.validating.metadata.name.as_deref(), Some("tollgate"));
+        let m = &base.mutating.webhooks.as_ref().unwrap()[0];
+        let v = &base.validating.webhooks.as_ref().unwrap()[0];
+        assert_eq!(m.name, "mutate.tollgate.dev");
+        assert_eq!(v.name, "validate.tollgate.dev");
+        assert!(m.client_config.ca_bundle.is_none());
+    }
+
+    #[test]
+    fn build_fills_ca_bundle_and_service() {
+        let ca = test_ca();
+        let mut args = RegisterArgs::new("unused");
+        args.service = "gate".into();
+        args.namespace = "ml-platform".into();
+        args.failure_policy_validate = Some(FailurePolicy::Ignore);
+        let configs = build(&args, ca.as_bytes()).unwrap();
+        let m = &configs.mutating.webhooks.as_ref().unwrap()[0];
+        let v = &configs.validating.webhooks.as_ref().unwrap()[0];
+        for cc in [&m.client_config, &v.client_config] {
+            assert_eq!(cc.ca_bundle.as_ref().unwrap().0, ca.as_bytes());
+            let svc = cc.service.as_ref().unwrap();
+            assert_eq!(
+                (svc.name.as_str(), svc.namespace.as_str()),
+                ("gate", "ml-platform")
+            );
+            assert_eq!(svc.port, Some(443));
+        }
+        assert_eq!(m.failure_policy.as_deref(), Some("Fail"));
+        assert_eq!(v.failure_policy.as_deref(), Some("Ignore"));
+        for selector in [&m.namespace_selector, &v.namespace_selector] {
+            let exprs = selector
+                .as_ref()
+                .unwrap()
+                .match_expressions
+                .as_ref()
+                .unwrap();
+            let not_in = exprs
+                .iter()
+                .find(|e| e.key == NAMESPACE_NAME_LABEL && e.operator == "NotIn")
+                .unwrap();
+            assert_eq!(
+                not_in.values.as_deref().unwrap(),
+                ["kube-system".to_owned(), "ml-platform".to_owned()]
+            );
+        }
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        let mut args = RegisterArgs::new("unused");
+        args.namespace = "Tollgate_System".into();
+        let err = build(&args, b"").unwrap_err().to_string();
+        assert!(err.contains("--namespace"), "{err}");
+    }
+
+    #[test]
+    fn ca_bundle_checks() {
+        assert!(check_ca_bundle(test_ca().as_bytes()).is_ok());
+        let err = check_ca_bundle(b"hello").unwrap_err().to_string();
+        assert!(err.contains("no PEM CERTIFICATE"), "{err}");
+        let key = rcgen::KeyPair::generate().unwrap().serialize_pem();
+        let err = check_ca_bundle(key.as_bytes()).unwrap_err().to_string();
+        assert!(err.contains("private key"), "{err}");
+    }
+
+    #[test]
+    fn expired_ca_is_refused() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2001, 1, 1);
+        let pem = params.self_signed(&key).unwrap().pem();
+        let err = check_ca_bundle(pem.as_bytes()).unwrap_err().to_string();
+        assert!(err.contains("expired"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn dry_run_needs_no_cluster_and_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.crt");
+        std::fs::write(&ca_file, test_ca()).unwrap();
+        let mut args = RegisterArgs::new(&ca_file);
+        args.dry_run = true;
+        // A kubeconfig that does not exist must not matter for a dry run.
+        args.kubeconfig = Some(dir.path().join("missing"));
+        let yaml = execute(&args).await.unwrap();
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[0]["kind"], "MutatingWebhookConfiguration");
+        assert_eq!(docs[1]["kind"], "ValidatingWebhookConfiguration");
+        let again = build(&args, test_ca().as_bytes()).unwrap();
+        let m: MutatingWebhookConfiguration = serde_json::from_value(docs[0].clone()).unwrap();
+        assert_eq!(
+            m.webhooks.as_ref().unwrap().len(),
+            again.mutating.webhooks.unwrap().len()
+        );
+        run(&args).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn missing_kubeconfig_is_explained() {
+        let dir = tempfile::tempdir().unwrap();
+        let sources = KubeconfigSources {
+            explicit: None,
+            env: Some(dir.path().join("nope").into_os_string()),
+            home: Some(dir.path().to_owned()),
+            in_cluster: false,
+        };
+        let err = load_client_config(&sources, None).await.unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.starts_with("no kubeconfig found"), "{msg}");
+        assert!(msg.contains("set KUBECONFIG"), "{msg}");
+        assert!(msg.contains("nope"), "{msg}");
+
+        let sources = KubeconfigSources {
+            home: Some(dir.path().to_owned()),
+            ..KubeconfigSources::default()
+        };
+        let msg = format!(
+            "{:#}",
+            load_client_config(&sources, None).await.unwrap_err()
+        );
+        assert!(msg.contains(".kube/config"), "{msg}");
+
+        // Through `execute`, with --kubeconfig, without touching the environment.
+        let ca_file = dir.path().join("ca.crt");
+        std::fs::write(&ca_file, test_ca()).unwrap();
+        let mut args = RegisterArgs::new(&ca_file);
+        args.kubeconfig = Some(dir.path().join("missing-kubeconfig"));
+        let msg = format!("{:#}", execute(&args).await.unwrap_err());
+        assert!(msg.starts_with("no kubeconfig found"), "{msg}");
+        assert!(msg.contains("--kubeconfig"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn kubeconfig_is_loaded_from_env_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config");
+        std::fs::write(
+            &file,
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: k\n  cluster:\n    server: https://127.0.0.1:6443\ncontexts:\n- name: c\n  context:\n    cluster: k\n    user: u\nusers:\n- name: u\n  user:\n    token: t\n",
+        )
+        .unwrap();
+        let mut list = OsString::from(dir.path().join("missing"));
+        list.push(":");
+        list.push(&file);
+        let sources = KubeconfigSources {
+            env: Some(list),
+            ..KubeconfigSources::default()
+        };
+        let config = load_client_config(&sources, None).await.unwrap();
+        assert_eq!(config.cluster_url.to_string(), "https://127.0.0.1:6443/");
+    }
+
+    #[test]
+    fn forbidden_names_the_permission() {
+        let status = kube::core::Status::failure(
+            "mutatingwebhookconfigurations.admissionregistration.k8s.io \"tollgate\" is forbidden",
+            "Forbidden",
+        )
+        .with_code(403);
+        let err = explain(
+            kube::Error::Api(status.boxed()),
+            "mutatingwebhookconfigurations",
+            "tollgate",
+            "https://k8s:6443/",
+        );
+        let msg = err.to_string();
+        assert!(msg.starts_with("forbidden:"), "{msg}");
+        assert!(msg.contains("get, create and patch on mutatingwebhookconfigurations"));
+        assert!(msg.contains("kubectl auth can-i"), "{msg}");
+    }
+}

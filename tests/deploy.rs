@@ -1,0 +1,685 @@
+//! The deployment manifests (deploy/) rendered with `kubectl kustomize`, checked against what
+//! the server actually serves, against the Dockerfile, and against `tollgate register`.
+//!
+//! Every test that renders needs `kubectl` on PATH; without it they print why and pass.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+const NAMESPACE: &str = "tollgate-system";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn kubectl_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        let available = Command::new("kubectl")
+            .args(["version", "--client"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if !available {
+            // Straight to stderr: the test harness captures eprintln! of passing tests.
+            let _ = std::io::stderr().write_all(
+                b"tests/deploy.rs: SKIPPED the tests that render deploy/: kubectl is not on PATH\n",
+            );
+        }
+        available
+    })
+}
+
+/// `kubectl kustomize DIR`, parsed into one JSON value per document.
+fn render(dir: &Path) -> Vec<Value> {
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("running kubectl kustomize");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {} failed:\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("kustomize output is UTF-8");
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("kustomize output parses");
+    assert!(!docs.is_empty(), "{} rendered nothing", dir.display());
+    docs
+}
+
+fn base() -> &'static [Value] {
+    static BASE: OnceLock<Vec<Value>> = OnceLock::new();
+    BASE.get_or_init(|| render(&root().join("deploy/base")))
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    let found: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .collect();
+    assert_eq!(found.len(), 1, "expected exactly one {kind}/{name}");
+    found[0]
+}
+
+fn kinds(docs: &[Value]) -> Vec<String> {
+    let mut kinds: Vec<String> = docs
+        .iter()
+        .map(|d| format!("{}/{}", d["kind"].as_str().unwrap(), d["metadata"]["name"]))
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+fn webhook<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    let config = find(docs, kind, "tollgate");
+    let hooks = config["webhooks"].as_array().expect("webhooks is a list");
+    assert_eq!(hooks.len(), 1, "{kind} has one webhook");
+    &hooks[0]
+}
+
+fn container(docs: &[Value]) -> &Value {
+    let containers = find(docs, "Deployment", "tollgate")["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap();
+    assert_eq!(containers.len(), 1);
+    &containers[0]
+}
+
+fn pod_spec(docs: &[Value]) -> &Value {
+    &find(docs, "Deployment", "tollgate")["spec"]["template"]["spec"]
+}
+
+/// The container port a Service's or probe's port (a name or a number) resolves to.
+fn resolve_port(container: &Value, port: &Value) -> u64 {
+    let ports = container["ports"].as_array().expect("container ports");
+    let found = match port {
+        Value::String(name) => ports.iter().find(|p| p["name"] == name.as_str()),
+        Value::Number(_) => ports.iter().find(|p| p["containerPort"] == *port),
+        other => panic!("port {other} is neither a name nor a number"),
+    };
+    found
+        .unwrap_or_else(|| panic!("port {port} is not a port the container exposes"))
+        .get("containerPort")
+        .and_then(Value::as_u64)
+        .unwrap()
+}
+
+/// The value following `flag` in the container's args.
+fn arg<'a>(container: &'a Value, flag: &str) -> &'a str {
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let i = args
+        .iter()
+        .position(|a| *a == flag)
+        .unwrap_or_else(|| panic!("{flag} missing from args {args:?}"));
+    args[i + 1]
+}
+
+/// Evaluates a LabelSelector (matchLabels and matchExpressions) against labels.
+fn selects(selector: &Value, labels: &[(&str, &str)]) -> bool {
+    let get = |key: &str| labels.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+    if let Some(match_labels) = selector["matchLabels"].as_object() {
+        for (k, v) in match_labels {
+            if get(k) != v.as_str() {
+                return false;
+            }
+        }
+    }
+    for expr in selector["matchExpressions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let key = expr["key"].as_str().unwrap();
+        let values: Vec<&str> = expr["values"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let ok = match (expr["operator"].as_str().unwrap(), get(key)) {
+            ("In", Some(v)) => values.contains(&v),
+            ("In", None) => false,
+            ("NotIn", Some(v)) => !values.contains(&v),
+            ("NotIn", None) => true,
+            ("Exists", v) => v.is_some(),
+            ("DoesNotExist", v) => v.is_none(),
+            (op, _) => panic!("unknown operator {op}"),
+        };
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+#[test]
+fn base_renders_everything_an_install_needs() {
+    if !kubectl_available() {
+        return;
+    }
+    let docs = base();
+    assert_eq!(
+        kinds(docs),
+        [
+            "ConfigMap/\"tollgate-policy\"",
+            "Deployment/\"tollgate\"",
+            "MutatingWebhookConfiguration/\"tollgate\"",
+            "Namespace/\"tollgate-system\"",
+            "PodDisruptionBudget/\"tollgate\"",
+            "Service/\"tollgate\"",
+            "ServiceAccount/\"tollgate\"",
+            "ValidatingWebhookConfiguration/\"tollgate\"",
+        ]
+    );
+    for doc in docs {
+        let kind = doc["kind"].as_str().unwrap();
+        let namespaced = !matches!(
+            kind,
+            "Namespace" | "MutatingWebhookConfiguration" | "ValidatingWebhookConfiguration"
+        );
+        if namespaced {
+            assert_eq!(doc["metadata"]["namespace"], NAMESPACE, "{kind}");
+        }
+    }
+}
+
+#[test]
+fn webhooks_call_the_server_routes_through_the_service() {
+    if !kubectl_available() {
+        return;
+    }
+    let docs = base();
+    let service = find(docs, "Service", "tollgate");
+    for (kind, name, path) in [
+        (
+            "MutatingWebhookConfiguration",
+            "mutate.tollgate.dev",
+            "/mutate",
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            "validate.tollgate.dev",
+            "/validate",
+        ),
+    ] {
+        let hook = webhook(docs, kind);
+        assert_eq!(hook["name"], name);
+        let svc = &hook["clientConfig"]["service"];
+        assert_eq!(
+            svc["path"], path,
+            "{kind} must call the server's {path} route"
+        );
+        assert_eq!(svc["name"], service["metadata"]["name"]);
+        assert_eq!(svc["namespace"], service["metadata"]["namespace"]);
+        assert_eq!(svc["port"], 443);
+        assert!(
+            hook["clientConfig"].get("caBundle").is_none(),
+            "the base carries no caBundle; the overlays or `tollgate register` set it"
+        );
+        assert_eq!(hook["admissionReviewVersions"], serde_json::json!(["v1"]));
+        assert_eq!(hook["sideEffects"], "None");
+        assert_eq!(
+            hook["rules"],
+            serde_json::json!([{
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE"],
+                "resources": ["pods"],
+                "scope": "Namespaced",
+            }])
+        );
+        assert_eq!(hook["failurePolicy"], "Fail", "{kind}");
+        let timeout = hook["timeoutSeconds"].as_u64().expect("timeoutSeconds set");
+        assert!((1..=10).contains(&timeout), "{kind} timeout {timeout}");
+    }
+    let mutate = webhook(docs, "MutatingWebhookConfiguration");
+    assert_eq!(mutate["reinvocationPolicy"], "IfNeeded");
+    // The worst case the API server waits on tollgate for one pod: mutation, its
+    // reinvocation and validation, well inside the API server's request timeout.
+    let validate = webhook(docs, "ValidatingWebhookConfiguration");
+    let worst = 2 * mutate["timeoutSeconds"].as_u64().unwrap()
+        + validate["timeoutSeconds"].as_u64().unwrap();
+    assert!(worst <= 20, "worst-case admission wait {worst}s");
+}
+
+#[test]
+fn enforcement_needs_the_label_and_never_reaches_system_namespaces() {
+    if !kubectl_available() {
+        return;
+    }
+    let docs = base();
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        let selector = &webhook(docs, kind)["namespaceSelector"];
+        let ns = |name: &'static str, enforce: Option<&'static str>| {
+            let mut labels = vec![("kubernetes.io/metadata.name", name)];
+            if let Some(value) = enforce {
+                labels.push(("tollgate.dev/enforce", value));
+            }
+            labels
+        };
+        assert!(selects(selector, &ns("team-a", Some("enabled"))), "{kind}");
+        assert!(!selects(selector, &ns("team-a", None)), "{kind}");
+        assert!(
+            !selects(selector, &ns("team-a", Some("disabled"))),
+            "{kind}"
+        );
+        assert!(!selects(selector, &ns("default", None)), "{kind}");
+        // Even a mistaken label never puts these behind the webhook.
+        for system in ["kube-system", NAMESPACE] {
+            assert!(
+                !selects(selector, &ns(system, Some("enabled"))),
+                "{kind} {system}"
+            );
+        }
+        // The exclusion is by name (a label every namespace has), not by a label one could
+        // forget to set.
+        let exprs = selector["matchExpressions"].as_array().unwrap();
+        assert!(exprs
+            .iter()
+            .any(|e| e["key"] == "kubernetes.io/metadata.name" && e["operator"] == "NotIn"));
+    }
+    // tollgate's own namespace exists in the base and is not labelled for enforcement.
+    let namespace = find(docs, "Namespace", NAMESPACE);
+    assert_ne!(
+        namespace["metadata"]["labels"]["tollgate.dev/enforce"],
+        "enabled"
+    );
+}
+
+#[test]
+fn service_probes_and_args_agree_with_the_container() {
+    if !kubectl_available() {
+        return;
+    }
+    let docs = base();
+    let service = find(docs, "Service", "tollgate");
+    let c = container(docs);
+    let ports = service["spec"]["ports"].as_array().unwrap();
+    let https = ports.iter().find(|p| p["port"] == 443).expect("port 443");
+    assert_eq!(https["name"], "https");
+    assert_eq!(resolve_port(c, &https["targetPort"]), 8443);
+    let metrics = ports
+        .iter()
+        .find(|p| p["name"] == "metrics")
+        .expect("metrics port");
+    assert_eq!(resolve_port(c, &metrics["targetPort"]), 9090);
+
+    // The Service, the PDB and the Deployment select the Deployment's pods.
+    let deployment = find(docs, "Deployment", "tollgate");
+    let pod_labels: Vec<(&str, &str)> = deployment["spec"]["template"]["metadata"]["labels"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str().unwrap()))
+        .collect();
+    let service_selector = serde_json::json!({ "matchLabels": service["spec"]["selector"] });
+    assert!(selects(&service_selector, &pod_labels));
+    assert!(selects(&deployment["spec"]["selector"], &pod_labels));
+    let pdb = find(docs, "PodDisruptionBudget", "tollgate");
+    assert!(selects(&pdb["spec"]["selector"], &pod_labels));
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = &c[probe]["httpGet"];
+        assert_eq!(get["path"], path, "{probe}");
+        assert_eq!(get["scheme"], "HTTPS", "{probe}");
+        assert_eq!(resolve_port(c, &get["port"]), 8443, "{probe}");
+    }
+
+    assert_eq!(arg(c, "--listen"), "0.0.0.0:8443");
+    assert_eq!(arg(c, "--metrics-listen"), "0.0.0.0:9090");
+    assert_eq!(arg(c, "--log-format"), "json");
+    assert_eq!(c["args"][0], "serve");
+}
+
+#[test]
+fn deployment_is_hardened_and_highly_available() {
+    if !kubectl_available() {
+        return;
+    }
+    let docs = base();
+    let deployment = find(docs, "Deployment", "tollgate");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    assert_eq!(
+        deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"],
+        0
+    );
+    let pod = pod_spec(docs);
+    let spread = pod["topologySpreadConstraints"].as_array().unwrap();
+    assert!(spread
+        .iter()
+        .any(|s| s["topologyKey"] == "kubernetes.io/hostname"));
+    // The server drains within 10 s of SIGTERM; the kubelet must wait longer than that.
+    let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+    assert!(grace > 10, "terminationGracePeriodSeconds {grace}");
+    // priorityClassName system-cluster-critical is refused outside kube-system on some
+    // clusters.
+    assert!(pod.get("priorityClassName").is_none());
+    assert_eq!(pod["automountServiceAccountToken"], false);
+
+    let psc = &pod["securityContext"];
+    assert_eq!(psc["runAsNonRoot"], true);
+    assert_eq!(psc["seccompProfile"]["type"], "RuntimeDefault");
+
+    let c = container(docs);
+    assert!(
+        c["lifecycle"].is_null(),
+        "no preStop hook: the server drains"
+    );
+    let sc = &c["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    assert!(c["resources"]["requests"]["cpu"].is_string());
+    assert!(c["resources"]["requests"]["memory"].is_string());
+    assert!(c["resources"]["limits"]["memory"].is_string());
+}
+
+#[test]
+fn policy_and_certificate_are_mounted_where_the_args_point() {
+    if !kubectl_available() {
+        return;
+    }
+    let docs = base();
+    let pod = pod_spec(docs);
+    let c = container(docs);
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    let volumes = pod["volumes"].as_array().unwrap();
+    // The volume (by mount) holding `path`, and the file's name inside it.
+    let volume_for = |path: &str| -> (&Value, String) {
+        let (dir, file) = path.rsplit_once('/').unwrap();
+        let mount = mounts
+            .iter()
+            .find(|m| m["mountPath"] == dir)
+            .unwrap_or_else(|| panic!("nothing is mounted at {dir} for {path}"));
+        assert!(
+            mount.get("subPath").is_none(),
+            "{dir}: a subPath mount never sees the kubelet's ..data swap (no hot reload)"
+        );
+        assert_eq!(mount["readOnly"], true);
+        let volume = volumes.iter().find(|v| v["name"] == mount["name"]).unwrap();
+        (volume, file.to_owned())
+    };
+
+    let (policy_volume, policy_file) = volume_for(arg(c, "--policy"));
+    let config_map = find(
+        docs,
+        "ConfigMap",
+        policy_volume["configMap"]["name"].as_str().unwrap(),
+    );
+    let rendered = config_map["data"][policy_file.as_str()]
+        .as_str()
+        .expect("the ConfigMap has the file --policy names");
+    let policy = std::fs::read_to_string(root().join("policies/default.yaml")).unwrap();
+    assert_eq!(
+        rendered, policy,
+        "the policy ConfigMap differs from policies/default.yaml"
+    );
+
+    for flag in ["--tls-cert", "--tls-key"] {
+        let (volume, file) = volume_for(arg(c, flag));
+        assert_eq!(volume["secret"]["secretName"], "tollgate-tls", "{flag}");
+        assert!(["tls.crt", "tls.key"].contains(&file.as_str()), "{flag}");
+    }
+}
+
+#[test]
+fn policy_copy_in_deploy_base_is_identical() {
+    // No kubectl needed. kustomize reads nothing outside deploy/base, so the policy is
+    // copied there; this keeps the copy honest.
+    let original = std::fs::read(root().join("policies/default.yaml")).unwrap();
+    let copy = std::fs::read(root().join("deploy/base/policy/default.yaml")).unwrap();
+    assert!(
+        original == copy,
+        "deploy/base/policy/default.yaml differs from policies/default.yaml; run\n  \
+         cp policies/default.yaml deploy/base/policy/default.yaml"
+    );
+}
+
+#[test]
+fn dockerfile_defaults_match_the_deployment() {
+    let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
+    let json_line = |instruction: &str| -> Vec<String> {
+        let line = dockerfile
+            .lines()
+            .find(|l| l.starts_with(instruction))
+            .unwrap_or_else(|| panic!("no {instruction} in the Dockerfile"));
+        serde_json::from_str(line[instruction.len()..].trim()).unwrap()
+    };
+    assert_eq!(json_line("ENTRYPOINT "), ["/tollgate"]);
+    let cmd = json_line("CMD ");
+    assert!(dockerfile.contains("\nUSER 65532"));
+    assert!(dockerfile.contains("FROM gcr.io/distroless/cc-debian12:nonroot"));
+    assert!(dockerfile.contains("cargo build --release --locked"));
+    if !kubectl_available() {
+        return;
+    }
+    let docs = base();
+    let c = container(docs);
+    let flag_value = |flag: &str| {
+        let i = cmd.iter().position(|a| a == flag).unwrap();
+        cmd[i + 1].clone()
+    };
+    assert_eq!(cmd[0], "serve");
+    for flag in ["--policy", "--tls-cert", "--tls-key"] {
+        assert_eq!(flag_value(flag), arg(c, flag), "{flag}");
+    }
+    assert_eq!(pod_spec(docs)["securityContext"]["runAsUser"], 65532);
+}
+
+#[test]
+fn cert_manager_overlay_injects_the_ca_of_the_serving_certificate() {
+    if !kubectl_available() {
+        return;
+    }
+    let docs = render(&root().join("deploy/overlays/cert-manager"));
+    let serving: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Certificate" && d["spec"]["secretName"] == "tollgate-tls")
+        .collect();
+    assert_eq!(
+        serving.len(),
+        1,
+        "one Certificate writes Secret tollgate-tls"
+    );
+    let serving = serving[0];
+    assert_eq!(serving["metadata"]["namespace"], NAMESPACE);
+    let dns: Vec<&str> = serving["spec"]["dnsNames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert!(dns.contains(&"tollgate.tollgate-system.svc"), "{dns:?}");
+    assert_ne!(serving["spec"]["isCA"], true);
+
+    // The issuer chain: serving <- CA issuer <- CA certificate <- self-signed issuer.
+    let issuer = find(
+        &docs,
+        "Issuer",
+        serving["spec"]["issuerRef"]["name"].as_str().unwrap(),
+    );
+    let ca_secret = issuer["spec"]["ca"]["secretName"].as_str().unwrap();
+    let ca_cert = docs
+        .iter()
+        .find(|d| d["kind"] == "Certificate" && d["spec"]["secretName"] == ca_secret)
+        .expect("a Certificate writes the CA issuer's Secret");
+    assert_eq!(ca_cert["spec"]["isCA"], true);
+    let root_issuer = find(
+        &docs,
+        "Issuer",
+        ca_cert["spec"]["issuerRef"]["name"].as_str().unwrap(),
+    );
+    assert!(root_issuer["spec"]["selfSigned"].is_object());
+
+    let want = format!(
+        "{NAMESPACE}/{}",
+        serving["metadata"]["name"].as_str().unwrap()
+    );
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        let config = find(&docs, kind, "tollgate");
+        assert_eq!(
+            config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            want.as_str(),
+            "{kind}"
+        );
+        // Otherwise the same webhooks as the base.
+        assert_eq!(
+            config["webhooks"],
+            find(base(), kind, "tollgate")["webhooks"]
+        );
+    }
+    // Everything in the base is in the overlay.
+    for doc in base() {
+        let kind = doc["kind"].as_str().unwrap();
+        let name = doc["metadata"]["name"].as_str().unwrap();
+        find(&docs, kind, name);
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// A CA and a serving certificate for the Service, as `tollgate certs` writes them.
+fn write_throwaway_certs(dir: &Path) -> (String, String, String) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "tollgate test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(vec![format!("tollgate.{NAMESPACE}.svc")]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+
+    let (ca, crt, key) = (ca_cert.pem(), cert.pem(), key.serialize_pem());
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("ca.crt"), &ca).unwrap();
+    std::fs::write(dir.join("tls.crt"), &crt).unwrap();
+    std::fs::write(dir.join("tls.key"), &key).unwrap();
+    (ca, crt, key)
+}
+
+/// A base64 value as Kubernetes reads it (line breaks ignored).
+fn decode_base64(value: &Value) -> Vec<u8> {
+    let compact: String = value
+        .as_str()
+        .unwrap()
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    serde_json::from_value::<k8s_openapi::ByteString>(Value::String(compact))
+        .unwrap()
+        .0
+}
+
+#[test]
+fn dev_overlay_turns_cert_files_into_the_secret_and_ca_bundle() {
+    if !kubectl_available() {
+        return;
+    }
+    // A throwaway copy of deploy/, so the real (git-ignored) certs directory is untouched.
+    let tmp = tempfile::tempdir().unwrap();
+    let deploy = tmp.path().join("deploy");
+    copy_dir(&root().join("deploy"), &deploy);
+    let certs = deploy.join("overlays/dev/certs");
+    let _ = std::fs::remove_dir_all(&certs);
+    let (ca, crt, key) = write_throwaway_certs(&certs);
+
+    let docs = render(&deploy.join("overlays/dev"));
+    let secret = find(&docs, "Secret", "tollgate-tls");
+    assert_eq!(secret["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    assert_eq!(decode_base64(&secret["data"]["ca.crt"]), ca.as_bytes());
+    assert_eq!(decode_base64(&secret["data"]["tls.crt"]), crt.as_bytes());
+    assert_eq!(decode_base64(&secret["data"]["tls.key"]), key.as_bytes());
+
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        let hook = webhook(&docs, kind);
+        assert_eq!(
+            decode_base64(&hook["clientConfig"]["caBundle"]),
+            ca.as_bytes(),
+            "{kind} caBundle is the CA that signed the serving certificate"
+        );
+        // Apart from the caBundle, the base's webhook.
+        let mut without = hook.clone();
+        without["clientConfig"]
+            .as_object_mut()
+            .unwrap()
+            .remove("caBundle");
+        assert_eq!(&without, webhook(base(), kind));
+    }
+    // The Deployment mounts the Secret the overlay generates, under its stable name.
+    let tls = pod_spec(&docs)["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["secret"].is_object())
+        .unwrap();
+    assert_eq!(tls["secret"]["secretName"], "tollgate-tls");
+}
+
+#[tokio::test]
+async fn register_dry_run_matches_the_base_webhooks() {
+    if !kubectl_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (ca, _, _) = write_throwaway_certs(tmp.path());
+    let mut args = tollgate::register::RegisterArgs::new(tmp.path().join("ca.crt"));
+    args.dry_run = true;
+    let yaml = tollgate::register::execute(&args).await.unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+    assert_eq!(docs.len(), 2);
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        let mut registered = find(&docs, kind, "tollgate").clone();
+        for hook in registered["webhooks"].as_array_mut().unwrap() {
+            let client_config = hook["clientConfig"].as_object_mut().unwrap();
+            let bundle = client_config.remove("caBundle").expect("caBundle set");
+            assert_eq!(decode_base64(&bundle), ca.as_bytes());
+        }
+        assert_eq!(
+            &registered,
+            find(base(), kind, "tollgate"),
+            "`tollgate register` and deploy/base disagree on the {kind}"
+        );
+    }
+}
