@@ -32,6 +32,8 @@ pub enum Command {
     Review(ReviewArgs),
     /// Write a CA and a serving certificate for the webhook's Service.
     Certs(CertsArgs),
+    /// Create or update the webhook configurations in a cluster (without cert-manager).
+    Register(crate::register::RegisterArgs),
 }
 
 #[derive(Args, Debug)]
@@ -159,6 +161,20 @@ pub fn main() -> i32 {
             }
         },
         Command::Review(a) => review(&a),
+        Command::Register(a) => {
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(crate::register::run(&a)));
+            match result {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("tollgate: {e:#}");
+                    1
+                }
+            }
+        }
         Command::Certs(a) => {
             let names = crate::certs::service_names(&a.service, &a.namespace);
             match crate::certs::generate(&names, a.days)
