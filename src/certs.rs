@@ -45,6 +45,20 @@ pub fn service_names(service: &str, namespace: &str) -> Vec<String> {
 /// Generates a CA and a serving certificate for `names` (DNS names or IP addresses), valid
 /// for `days` from now (backdated an hour for clock skew).
 pub fn generate(names: &[String], days: u32) -> Result<Bundle, CertError> {
+    issue(names, days, ExtendedKeyUsagePurpose::ServerAuth)
+}
+
+/// Generates a CA and a client certificate for `name`: what `--client-ca` checks, as the
+/// apiserver presents one configured in its AdmissionConfiguration.
+pub fn generate_client(name: &str, days: u32) -> Result<Bundle, CertError> {
+    issue(
+        &[name.to_owned()],
+        days,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    )
+}
+
+fn issue(names: &[String], days: u32, usage: ExtendedKeyUsagePurpose) -> Result<Bundle, CertError> {
     let now = OffsetDateTime::now_utc();
     let not_before = now - Duration::hours(1);
     let not_after = now + Duration::days(i64::from(days));
@@ -66,7 +80,7 @@ pub fn generate(names: &[String], days: u32) -> Result<Bundle, CertError> {
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
     ];
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    leaf.extended_key_usages = vec![usage];
     leaf.not_before = not_before;
     leaf.not_after = not_after;
     let cert = leaf.signed_by(&key, &issuer)?;
