@@ -92,7 +92,9 @@ async fn bad_requests_get_clear_errors_and_the_server_keeps_serving() {
     };
     review["request"] = Value::Null;
     let no_request = review;
-    let cases: Vec<(&str, Method, &str, Vec<u8>, StatusCode, &str)> = vec![
+    // (what, method, path, body, expected status, expected text)
+    type Case<'a> = (&'a str, Method, &'a str, Vec<u8>, StatusCode, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "empty body",
             Method::POST,
