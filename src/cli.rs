@@ -60,9 +60,9 @@ pub struct ServeArgs {
     /// [default: 0.0.0.0:9090, or 127.0.0.1:9090 with --dev].
     #[arg(long)]
     pub metrics_listen: Option<String>,
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Json)]
-    pub log_format: LogFormat,
+    /// Log format [default: json, or text with --dev].
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = Limits::default().max_body_bytes)]
     pub max_body_bytes: usize,
@@ -218,7 +218,12 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
             9090,
         )),
     };
-    telemetry::init(a.log_format);
+    let default_format = if a.dev {
+        LogFormat::Text
+    } else {
+        LogFormat::Json
+    };
+    telemetry::init(a.log_format.unwrap_or(default_format));
     let opts = ServeOptions {
         listen,
         metrics_listen,
@@ -249,7 +254,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
                 "tollgate is serving https://127.0.0.1:{port} with a throwaway certificate.\n\
                  CA: certs/dev/ca.crt\n\
                  Try:\n  curl --cacert certs/dev/ca.crt -H 'Content-Type: application/json' \
-                 --data @tests/fixtures/resnet50-master-0.mutate.json https://127.0.0.1:{port}/mutate"
+                 --data @tests/fixtures/apiserver-v1.36/resnet50-master-0.mutate.json https://127.0.0.1:{port}/mutate"
             );
         }
         running.run_until(server::shutdown_signal()).await;

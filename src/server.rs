@@ -417,7 +417,8 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         certs.clone(),
         stop_rx,
     ));
-    info!(%addr, metrics = ?metrics_addr, policy = %state.policy.load().hash, "tollgate serving");
+    let metrics = metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
+    info!(%addr, %metrics, policy = %state.policy.load().hash, "tollgate serving");
     Ok(Running {
         addr,
         metrics_addr,

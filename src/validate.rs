@@ -194,7 +194,11 @@ fn denial_message(
         "Fix: add requests sized for your workload to each container listed, for example:\n",
     );
     m.push_str("    resources:\n      requests:\n");
-    for r in required {
+    // Only what is missing somewhere, in the policy's order: the lines a user has to add.
+    for r in required
+        .iter()
+        .filter(|r| missing.iter().any(|x| x.resources.contains(r)))
+    {
         let _ = writeln!(m, "        {r}: {}", example_amount(r));
     }
     let annotation = &policy.opt_out.annotation;
@@ -205,17 +209,18 @@ fn denial_message(
                 "This pod asks to opt out, but {why}; ask your platform team."
             );
         }
-        _ => match optout::permitted(policy, who) {
-            Ok(()) => {
-                let _ = write!(
-                    m,
-                    "Or, to skip this check for this pod, add the annotation {annotation}: \"true\"."
-                );
-            }
-            Err(why) => {
-                let _ = write!(m, "Note: {why}.");
-            }
-        },
+        // Offered only where it would be honoured: pointing at a door that is locked for
+        // this user helps nobody.
+        _ if optout::permitted(policy, who).is_ok() => {
+            let _ = write!(
+                m,
+                "Or, to skip this check for this pod, add the annotation {annotation}: \"true\"."
+            );
+        }
+        _ => {}
+    }
+    while m.ends_with('\n') {
+        m.pop();
     }
     m
 }
