@@ -1,0 +1,234 @@
+//! `tollgate review` and `tollgate certs` as users run them.
+
+mod common;
+
+use std::io::Write as _;
+use std::process::{Command, Output, Stdio};
+
+fn tollgate(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .current_dir(common::root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(bytes) = stdin {
+        input.write_all(bytes).unwrap();
+    }
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+const TRAINING_POD: &str = "apiVersion: v1
+kind: Pod
+metadata:
+  generateName: resnet50-worker-
+  labels:
+    training.kubeflow.org/job-name: resnet50
+spec:
+  containers:
+    - name: pytorch
+      image: trainer
+      resources:
+        limits:
+          nvidia.com/gpu: 8
+";
+
+const NOTEBOOK: &str = "apiVersion: v1
+kind: Pod
+metadata:
+  name: notebook
+spec:
+  containers:
+    - name: jupyter
+      image: jupyter
+";
+
+#[test]
+fn every_fixture_gives_a_sensible_result() {
+    for name in common::fixture_names() {
+        let path = format!("tests/fixtures/apiserver-v1.36/{name}");
+        let out = tollgate(&["review", &path], None);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let expect_denied =
+            name.starts_with("notebook-helper") || name.starts_with("dryrun-helper");
+        assert_eq!(
+            out.status.code(),
+            Some(if expect_denied { 1 } else { 0 }),
+            "{name}: {text}"
+        );
+        assert!(text.starts_with("pod ml/"), "{name}: {text}");
+    }
+}
+
+#[test]
+fn a_training_pod_from_yaml_is_mutated_then_allowed() {
+    // What a cluster does: mutation adds default limits, defaulting copies them to requests,
+    // validation passes.
+    let out = tollgate(&["review", "-"], Some(TRAINING_POD.as_bytes()));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains(
+            "allowed (mutated: tolerations, driver-mounts, metrics-sidecar, default-resources)"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("mutated pod:"), "{text}");
+    assert!(text.contains("key: nvidia.com/gpu"), "{text}");
+}
+
+#[test]
+fn a_pod_without_requests_is_denied_with_exit_1_and_json_output() {
+    let out = tollgate(
+        &["review", "--output", "json", "-"],
+        Some(NOTEBOOK.as_bytes()),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["decision"], "denied");
+    assert!(v["message"]
+        .as_str()
+        .unwrap()
+        .contains("container \"jupyter\" has no request for cpu and memory"));
+    assert_eq!(v["validateResponse"]["response"]["status"]["code"], 403);
+}
+
+#[test]
+fn opt_out_governance_follows_the_requester() {
+    let annotated = NOTEBOOK.replace(
+        "  name: notebook\n",
+        "  name: notebook\n  annotations:\n    tollgate.dev/opt-out: \"true\"\n",
+    );
+    let admin = tollgate(
+        &[
+            "review",
+            "--user",
+            "admin",
+            "--group",
+            "system:masters",
+            "-",
+        ],
+        Some(annotated.as_bytes()),
+    );
+    assert_eq!(
+        admin.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&admin.stdout)
+    );
+    let alice = tollgate(
+        &["review", "--user", "alice", "-"],
+        Some(annotated.as_bytes()),
+    );
+    assert_eq!(alice.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&alice.stdout).contains("not permitted for \"alice\""));
+}
+
+#[test]
+fn unusable_input_exits_2_with_a_reason() {
+    for (what, args, stdin, needle) in [
+        ("empty", vec!["review", "-"], Some(&b""[..]), "empty input"),
+        (
+            "garbage",
+            vec!["review", "-"],
+            Some(&b"{{{"[..]),
+            "neither JSON nor YAML",
+        ),
+        (
+            "a Deployment",
+            vec!["review", "-"],
+            Some(&b"kind: Deployment\napiVersion: apps/v1\n"[..]),
+            "a Deployment",
+        ),
+        (
+            "missing file",
+            vec!["review", "no/such/file.yaml"],
+            None,
+            "no/such/file.yaml",
+        ),
+        (
+            "bad policy",
+            vec!["review", "--policy", "Cargo.toml", "-"],
+            Some(NOTEBOOK.as_bytes()),
+            "Cargo.toml",
+        ),
+    ] {
+        let out = tollgate(&args, stdin);
+        assert_eq!(out.status.code(), Some(2), "{what}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{what}: {err}");
+    }
+}
+
+#[test]
+fn certs_writes_a_ca_and_a_serving_certificate_for_the_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let out = tollgate(
+        &[
+            "certs",
+            "--service",
+            "tollgate",
+            "--namespace",
+            "tollgate-system",
+            "--out",
+            out_dir.to_str().unwrap(),
+            "--days",
+            "10",
+        ],
+        None,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cert = std::fs::read(out_dir.join("tls.crt")).unwrap();
+    use rustls::pki_types::pem::PemObject as _;
+    let der = rustls::pki_types::CertificateDer::from_pem_slice(&cert).unwrap();
+    let (_, parsed) = x509_parser::parse_x509_certificate(der.as_ref()).unwrap();
+    let sans: Vec<String> = parsed
+        .subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    for name in [
+        "tollgate",
+        "tollgate.tollgate-system",
+        "tollgate.tollgate-system.svc",
+        "tollgate.tollgate-system.svc.cluster.local",
+    ] {
+        assert!(
+            sans.contains(&format!("DNSName({name})")),
+            "{name} in {sans:?}"
+        );
+    }
+    let days = (parsed.validity().not_after.timestamp() - parsed.validity().not_before.timestamp())
+        / 86400;
+    assert_eq!(days, 10);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(out_dir.join("tls.key"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+    // The serving certificate is signed by the CA written beside it.
+    let ca = std::fs::read_to_string(out_dir.join("ca.crt")).unwrap();
+    let key = std::fs::read_to_string(out_dir.join("tls.key")).unwrap();
+    let store = tollgate::tls::CertStore::open(&out_dir.join("tls.crt"), &out_dir.join("tls.key"));
+    assert!(store.is_ok(), "the pair loads");
+    assert!(ca.contains("BEGIN CERTIFICATE") && key.contains("PRIVATE KEY"));
+}
