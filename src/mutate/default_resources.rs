@@ -240,27 +240,12 @@ fn message(kind: ContainerKind, name: &str, set: &[Set]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mutate::testing::{pod, to_json, twice};
     use serde_json::{json, Value};
-
-    fn pod(v: Value) -> Pod {
-        serde_json::from_value(v).unwrap()
-    }
-
-    fn to_json(p: &Pod) -> Value {
-        serde_json::to_value(p).unwrap()
-    }
 
     /// Runs the step, then checks a second pass changes nothing and says nothing.
     fn run(policy: &Policy, p: &mut Pod) -> (bool, Vec<String>) {
-        let mut warnings = vec![];
-        let changed = ensure(policy, p, &mut warnings);
-        let after = to_json(p);
-        let mut again = vec![];
-        assert!(
-            !ensure(policy, p, &mut again),
-            "second pass changed the pod"
-        );
-        assert_eq!(to_json(p), after, "second pass changed the pod");
+        let (changed, warnings, again) = twice(ensure, policy, p);
         assert!(again.is_empty(), "{again:?}");
         assert_eq!(changed, !warnings.is_empty());
         for w in &warnings {

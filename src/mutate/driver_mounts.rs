@@ -210,27 +210,12 @@ fn has_component(list: &str, item: &str, sep: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mutate::testing::{pod, to_json, twice};
     use serde_json::{json, Value};
-
-    fn pod(v: Value) -> Pod {
-        serde_json::from_value(v).unwrap()
-    }
-
-    fn to_json(p: &Pod) -> Value {
-        serde_json::to_value(p).unwrap()
-    }
 
     /// Runs the step, then checks a second pass changes nothing and warns the same.
     fn run(policy: &Policy, p: &mut Pod) -> (bool, Vec<String>) {
-        let mut warnings = vec![];
-        let changed = ensure(policy, p, &mut warnings);
-        let after = to_json(p);
-        let mut again = vec![];
-        assert!(
-            !ensure(policy, p, &mut again),
-            "second pass changed the pod"
-        );
-        assert_eq!(to_json(p), after, "second pass changed the pod");
+        let (changed, warnings, again) = twice(ensure, policy, p);
         assert_eq!(again, warnings, "second pass warns the same");
         (changed, warnings)
     }

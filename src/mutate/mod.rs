@@ -138,3 +138,33 @@ fn record_applied(policy: &Policy, pod: &mut Pod, applied: &[Step]) {
         .join(",");
     annotations.insert(key.clone(), value);
 }
+
+/// What every step's unit tests need: pods from JSON, and a step run twice.
+#[cfg(test)]
+pub(crate) mod testing {
+    use k8s_openapi::api::core::v1::Pod;
+    use serde_json::Value;
+
+    use super::StepFn;
+    use crate::policy::Policy;
+
+    pub fn pod(v: Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    pub fn to_json(p: &Pod) -> Value {
+        serde_json::to_value(p).unwrap()
+    }
+
+    /// Runs `step`, then again on its output, asserting the second pass changes nothing.
+    /// Returns whether the first pass changed the pod, its warnings and the second's.
+    pub fn twice(step: StepFn, policy: &Policy, p: &mut Pod) -> (bool, Vec<String>, Vec<String>) {
+        let mut warnings = vec![];
+        let changed = step(policy, p, &mut warnings);
+        let after = to_json(p);
+        let mut again = vec![];
+        assert!(!step(policy, p, &mut again), "second pass changed the pod");
+        assert_eq!(to_json(p), after, "second pass changed the pod");
+        (changed, warnings, again)
+    }
+}

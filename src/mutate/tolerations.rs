@@ -54,11 +54,8 @@ fn tolerates(t: &Toleration, resource: &str, effect: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mutate::testing::pod;
     use serde_json::json;
-
-    fn pod(v: serde_json::Value) -> Pod {
-        serde_json::from_value(v).unwrap()
-    }
 
     fn gpu_pod(tolerations: serde_json::Value) -> Pod {
         pod(json!({"spec": {
