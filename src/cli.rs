@@ -242,6 +242,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
+        let signal = server::shutdown_signal()?;
         let running = server::start(opts).await?;
         if a.dev {
             let port = running.addr.port();
@@ -252,7 +253,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
                  --data @tests/fixtures/resnet50-master-0.mutate.json https://127.0.0.1:{port}/mutate"
             );
         }
-        running.run_until(server::shutdown_signal()).await;
+        running.run_until(signal).await;
         Ok(())
     })
 }

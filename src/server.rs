@@ -722,25 +722,30 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 }
 
 /// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+///
+/// The handlers are installed when this is called, not when the future is first polled:
+/// until then a SIGTERM would kill the process outright, skipping the drain. Call it before
+/// [`start`]. Must be called inside a Tokio runtime.
+#[cfg(unix)]
+pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => info!("SIGINT received"),
+            _ = term.recv() => info!("SIGTERM received"),
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => info!("SIGINT received"),
-        _ = term => info!("SIGTERM received"),
-    }
+    })
+}
+
+/// Resolves on Ctrl-C.
+#[cfg(not(unix))]
+pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+        info!("Ctrl-C received");
+    })
 }
 
 #[cfg(test)]
