@@ -350,6 +350,7 @@ pub mod process {
         /// None with `--metrics-listen off`.
         pub metrics_addr: Option<SocketAddr>,
         lines: Arc<Mutex<Vec<String>>>,
+        reader: Option<std::thread::JoinHandle<()>>,
     }
 
     /// A directory with throwaway certificates and the shipped policy, as the server wants.
@@ -393,7 +394,7 @@ pub mod process {
         let stderr = child.stderr.take().unwrap();
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in std::io::BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
                 sink.lock().unwrap().push(line);
@@ -406,6 +407,7 @@ pub mod process {
             addr: "127.0.0.1:0".parse().unwrap(),
             metrics_addr: None,
             lines,
+            reader: Some(reader),
         };
         let start = Instant::now();
         let line = loop {
@@ -488,11 +490,15 @@ pub mod process {
             assert!(status.success(), "kill -{name} failed");
         }
 
-        /// Waits (bounded by `limit`) for the process to exit.
+        /// Waits (bounded by `limit`) for the process to exit, and for its last log lines.
         pub async fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
             let start = Instant::now();
             while start.elapsed() < limit {
                 if let Some(s) = self.child.try_wait().unwrap() {
+                    // The pipe is at EOF once the process is gone: the reader ends at once.
+                    if let Some(r) = self.reader.take() {
+                        let _ = r.join();
+                    }
                     return Some(s);
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
