@@ -247,6 +247,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
+        let signal = server::shutdown_signal()?;
         let running = server::start(opts).await?;
         if a.dev {
             let port = running.addr.port();
@@ -257,7 +258,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
                  --data @tests/fixtures/apiserver-v1.36/resnet50-master-0.mutate.json https://127.0.0.1:{port}/mutate"
             );
         }
-        running.run_until(server::shutdown_signal()).await;
+        running.run_until(signal).await;
         Ok(())
     })
 }

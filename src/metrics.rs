@@ -2,15 +2,17 @@
 
 use std::sync::atomic::AtomicI64;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::mutate::Step;
 use crate::optout::OptOut;
-use crate::review::Reviewed;
+use crate::review::{Endpoint, Result as ReviewResult, Reviewed};
+use crate::validate::Verdict;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReviewLabels {
@@ -34,16 +36,12 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-pub enum OptOutDecision {
-    Honoured,
-    Refused,
-}
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OptOutLabels {
     pub endpoint: &'static str,
-    pub decision: OptOutDecision,
+    /// "honoured" or "refused": lower case like every other label value (a derived
+    /// EncodeLabelValue would print the variant names, "Honoured").
+    pub decision: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -144,7 +142,7 @@ impl Metrics {
             "HTTP requests being answered",
             in_flight.clone(),
         );
-        Metrics {
+        let metrics = Metrics {
             registry,
             reviews,
             duration,
@@ -156,7 +154,62 @@ impl Metrics {
             policy_info,
             cert_expiry,
             in_flight,
+        };
+        metrics.initialise_series();
+        metrics
+    }
+
+    /// Creates at zero the series that alerts and dashboards read. A counter that first
+    /// appears already at 1 has no earlier sample, so `increase()` and `rate()` miss that
+    /// first event: a single policy reload failure would never fire its alert.
+    fn initialise_series(&self) {
+        for result in ["success", "failure"] {
+            let _ = self.policy_reloads.get_or_create(&ResultLabels { result });
+            let _ = self.cert_reloads.get_or_create(&ResultLabels { result });
         }
+        for e in [Endpoint::Mutate, Endpoint::Validate] {
+            // Only the results each endpoint can give: mutation never denies, validation
+            // never patches.
+            let results = match e {
+                Endpoint::Mutate => [
+                    ReviewResult::Allowed,
+                    ReviewResult::Patched,
+                    ReviewResult::Error,
+                ],
+                Endpoint::Validate => [
+                    ReviewResult::Allowed,
+                    ReviewResult::Denied,
+                    ReviewResult::Error,
+                ],
+            };
+            let endpoint = e.as_str();
+            let _ = self.duration.get_or_create(&EndpointLabels { endpoint });
+            let _ = self.reviews.get_or_create(&ReviewLabels {
+                endpoint,
+                operation: "unknown".into(),
+                result: ReviewResult::Error.as_str(),
+            });
+            for result in results {
+                let _ = self.reviews.get_or_create(&ReviewLabels {
+                    endpoint,
+                    operation: "CREATE".into(),
+                    result: result.as_str(),
+                });
+            }
+            for decision in ["honoured", "refused"] {
+                let _ = self
+                    .opt_outs
+                    .get_or_create(&OptOutLabels { endpoint, decision });
+            }
+        }
+        for step in Step::ALL {
+            let _ = self.steps.get_or_create(&StepLabels {
+                step: step.as_str(),
+            });
+        }
+        let _ = self.denials.get_or_create(&ReasonLabels {
+            reason: Verdict::MissingRequests.as_str(),
+        });
     }
 
     /// Counts a review the engine answered.
@@ -177,13 +230,13 @@ impl Metrics {
                 .get_or_create(&StepLabels { step: s.as_str() })
                 .inc();
         }
-        if r.result == crate::review::Result::Denied {
+        if r.result == ReviewResult::Denied {
             let reason = r.verdict.map_or("unknown", |v| v.as_str());
             self.denials.get_or_create(&ReasonLabels { reason }).inc();
         }
         let decision = match r.opt_out {
-            Some(OptOut::Honoured) => Some(OptOutDecision::Honoured),
-            Some(OptOut::Refused(_)) => Some(OptOutDecision::Refused),
+            Some(OptOut::Honoured) => Some("honoured"),
+            Some(OptOut::Refused(_)) => Some("refused"),
             _ => None,
         };
         if let Some(decision) = decision {

@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -224,8 +224,16 @@ async fn handle(s: Arc<AppState>, endpoint: Endpoint, req: Request) -> Response 
     let body = match read_body(&s.limits, req).await {
         Ok(b) => b,
         Err(resp) => {
+            let elapsed = start.elapsed();
             s.metrics
-                .observe_rejected(endpoint.as_str(), start.elapsed().as_secs_f64());
+                .observe_rejected(endpoint.as_str(), elapsed.as_secs_f64());
+            // Every request to a review endpoint leaves a line, the ones never read too.
+            warn!(
+                endpoint = %endpoint.as_str(),
+                status = resp.status().as_u16(),
+                duration_us = elapsed.as_micros() as u64,
+                "review body not read"
+            );
             return resp;
         }
     };
@@ -244,9 +252,16 @@ async fn handle(s: Arc<AppState>, endpoint: Endpoint, req: Request) -> Response 
                 .into_response()
         }
         Err(e) => {
+            let elapsed = start.elapsed();
             s.metrics
-                .observe_rejected(endpoint.as_str(), start.elapsed().as_secs_f64());
-            warn!(endpoint = endpoint.as_str(), error = %e, "rejected a request that is not a usable AdmissionReview");
+                .observe_rejected(endpoint.as_str(), elapsed.as_secs_f64());
+            warn!(
+                endpoint = %endpoint.as_str(),
+                status = 400,
+                duration_us = elapsed.as_micros() as u64,
+                error = %e,
+                "rejected a request that is not a usable AdmissionReview"
+            );
             text(StatusCode::BAD_REQUEST, format!("{e}\n"))
         }
     }
@@ -305,25 +320,25 @@ fn log_review(r: &Reviewed, elapsed: Duration, policy_hash: &str) {
         .join(",");
     info!(
         uid = %r.uid,
-        endpoint = r.endpoint.as_str(),
+        endpoint = %r.endpoint.as_str(),
         namespace = %r.namespace,
         name = %r.name,
         operation = %r.operation,
         dry_run = r.dry_run,
-        decision = r.result.as_str(),
-        verdict = r.verdict.map(|v| v.as_str()),
+        decision = %r.result.as_str(),
+        verdict = r.verdict.map(|v| tracing::field::display(v.as_str())),
         steps = %steps,
         duration_us = elapsed.as_micros() as u64,
-        policy = policy_hash,
+        policy = %policy_hash,
         "review"
     );
     match &r.opt_out {
         Some(OptOut::Honoured) => info!(
-            uid = %r.uid, endpoint = r.endpoint.as_str(), user = %r.username,
+            uid = %r.uid, endpoint = %r.endpoint.as_str(), user = %r.username,
             namespace = %r.namespace, name = %r.name, "opt-out honoured"
         ),
         Some(OptOut::Refused(why)) => info!(
-            uid = %r.uid, endpoint = r.endpoint.as_str(), user = %r.username,
+            uid = %r.uid, endpoint = %r.endpoint.as_str(), user = %r.username,
             namespace = %r.namespace, name = %r.name, reason = %why, "opt-out refused"
         ),
         _ => {}
@@ -349,12 +364,85 @@ pub struct ServeOptions {
 }
 
 /// Loads a policy file, for start-up and reloads.
-pub fn load_policy(path: &std::path::Path) -> Result<ActivePolicy, String> {
+pub fn load_policy(path: &Path) -> Result<ActivePolicy, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let text = String::from_utf8_lossy(&bytes);
+    policy_from_bytes(path, &bytes)
+}
+
+fn policy_from_bytes(path: &Path, bytes: &[u8]) -> Result<ActivePolicy, String> {
+    let text = String::from_utf8_lossy(bytes);
     let policy =
         Policy::from_text(&path.display().to_string(), &text).map_err(|e| e.to_string())?;
-    Ok(ActivePolicy::new(policy, &bytes))
+    Ok(ActivePolicy::new(policy, bytes))
+}
+
+/// What one look at the policy file found.
+#[derive(Debug)]
+enum PolicyPoll {
+    /// The file holds the policy in force (or a rejected file already reported).
+    Unchanged,
+    Reloaded(Arc<ActivePolicy>),
+    /// A new problem: log it and count it once.
+    Rejected(String),
+}
+
+/// Decides what a read of the policy file means. Kept apart from the loop so that the
+/// sequences that matter (bad, then the good file back, then the bad one again) are tested
+/// without sockets or sleeps.
+#[derive(Debug)]
+struct PolicyWatch {
+    /// The bytes of the policy in force. Changes are judged against what was last loaded
+    /// successfully, not against the last read: after a rejected file, the good one coming
+    /// back is no change at all.
+    in_force: Vec<u8>,
+    /// The content last rejected, so that a bad file left in place is reported once.
+    rejected: Option<Vec<u8>>,
+    /// The read error last reported (a missing file, say), for the same reason.
+    unreadable: Option<String>,
+}
+
+impl PolicyWatch {
+    fn new(in_force: Vec<u8>) -> Self {
+        PolicyWatch {
+            in_force,
+            rejected: None,
+            unreadable: None,
+        }
+    }
+
+    fn poll(&mut self, path: &Path, read: std::io::Result<Vec<u8>>) -> PolicyPoll {
+        let bytes = match read {
+            Ok(b) => b,
+            Err(e) => {
+                let e = format!("{}: {e}", path.display());
+                self.rejected = None;
+                if self.unreadable.as_deref() == Some(e.as_str()) {
+                    return PolicyPoll::Unchanged;
+                }
+                self.unreadable = Some(e.clone());
+                return PolicyPoll::Rejected(e);
+            }
+        };
+        self.unreadable = None;
+        if bytes == self.in_force {
+            self.rejected = None;
+            return PolicyPoll::Unchanged;
+        }
+        if self.rejected.as_deref() == Some(bytes.as_slice()) {
+            return PolicyPoll::Unchanged;
+        }
+        match policy_from_bytes(path, &bytes) {
+            Ok(p) => {
+                self.in_force = bytes;
+                self.rejected = None;
+                PolicyPoll::Reloaded(Arc::new(p))
+            }
+            Err(e) => {
+                self.rejected = Some(bytes);
+                PolicyPoll::Rejected(e)
+            }
+        }
+    }
 }
 
 /// A running server: its addresses and a handle to stop it.
@@ -383,7 +471,9 @@ impl Running {
 
 /// Binds the sockets and starts serving in the background.
 pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
-    let active = load_policy(&opts.policy_path).map_err(anyhow::Error::msg)?;
+    let policy_bytes = std::fs::read(&opts.policy_path)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", opts.policy_path.display()))?;
+    let active = policy_from_bytes(&opts.policy_path, &policy_bytes).map_err(anyhow::Error::msg)?;
     let certs = Arc::new(CertStore::open(&opts.cert_path, &opts.key_path)?);
     let tls = crate::tls::server_config(certs.clone(), opts.client_ca.as_deref())?;
     let acceptor = TlsAcceptor::from(Arc::new(tls));
@@ -410,6 +500,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let done = tokio::spawn(run(
         opts,
+        policy_bytes,
         listener,
         metrics_listener,
         acceptor,
@@ -417,8 +508,8 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
         certs.clone(),
         stop_rx,
     ));
-    let metrics = metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
-    info!(%addr, %metrics, policy = %state.policy.load().hash, "tollgate serving");
+    let metrics_shown = metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
+    info!(%addr, metrics = %metrics_shown, policy = %state.policy.load().hash, "tollgate serving");
     Ok(Running {
         addr,
         metrics_addr,
@@ -429,8 +520,10 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run(
     opts: ServeOptions,
+    policy_bytes: Vec<u8>,
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
     acceptor: TlsAcceptor,
@@ -440,6 +533,7 @@ async fn run(
 ) {
     let reloader = tokio::spawn(reload_loop(
         opts.clone(),
+        PolicyWatch::new(policy_bytes),
         state.clone(),
         certs,
         stop.clone(),
@@ -547,72 +641,76 @@ async fn run(
 /// read every few seconds costs nothing.
 async fn reload_loop(
     opts: ServeOptions,
+    mut policy: PolicyWatch,
     state: Arc<AppState>,
     certs: Arc<CertStore>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut last_policy = std::fs::read(&opts.policy_path).ok();
-    let mut last_policy_error: Option<String> = None;
-    let mut last_cert_error: Option<String> = None;
+    // A certificate error seen on the previous poll, and the one last reported. A writer
+    // other than the kubelet (which swaps both files at once) may replace tls.crt and tls.key
+    // one after the other; only an error seen on two polls in a row is worth a warning.
+    let mut cert_seen: Option<String> = None;
+    let mut cert_reported: Option<String> = None;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(opts.reload_interval) => {}
             _ = stopped(&mut stop) => return,
         }
-        let current = std::fs::read(&opts.policy_path).ok();
-        if current.is_some() && current != last_policy {
-            match load_policy(&opts.policy_path) {
-                Ok(p) => {
-                    info!(policy = %p.hash, path = %opts.policy_path.display(), "policy reloaded");
-                    state.metrics.set_policy_hash(&p.hash);
-                    state.policy.store(Arc::new(p));
-                    state
-                        .metrics
-                        .policy_reloads
-                        .get_or_create(&ResultLabels { result: "success" })
-                        .inc();
-                    last_policy = current;
-                    last_policy_error = None;
-                }
-                Err(e) => {
-                    if last_policy_error.as_deref() != Some(e.as_str()) {
-                        warn!(error = %e, "policy reload rejected; the previous policy stays in force");
-                        state
-                            .metrics
-                            .policy_reloads
-                            .get_or_create(&ResultLabels { result: "failure" })
-                            .inc();
-                        last_policy_error = Some(e);
-                    }
-                }
+        // Read by path every time: the path resolves through the ..data symlink to whatever
+        // directory the kubelet swapped in last.
+        let read = std::fs::read(&opts.policy_path);
+        match policy.poll(&opts.policy_path, read) {
+            PolicyPoll::Unchanged => {}
+            PolicyPoll::Reloaded(p) => {
+                info!(policy = %p.hash, previous = %state.policy.load().hash,
+                    path = %opts.policy_path.display(), "policy reloaded");
+                state.metrics.set_policy_hash(&p.hash);
+                state.policy.store(p);
+                state
+                    .metrics
+                    .policy_reloads
+                    .get_or_create(&ResultLabels { result: "success" })
+                    .inc();
+            }
+            PolicyPoll::Rejected(e) => {
+                warn!(error = %e, policy = %state.policy.load().hash,
+                    "policy reload rejected; the previous policy stays in force");
+                state
+                    .metrics
+                    .policy_reloads
+                    .get_or_create(&ResultLabels { result: "failure" })
+                    .inc();
             }
         }
         match certs.reload() {
-            Ok(true) => {
-                let (c, _) = certs.paths();
-                info!(path = %c.display(), not_after = certs.not_after(), "serving certificate reloaded");
-                state.metrics.cert_expiry.set(certs.not_after());
-                state
-                    .metrics
-                    .cert_reloads
-                    .get_or_create(&ResultLabels { result: "success" })
-                    .inc();
-                last_cert_error = None;
+            Ok(changed) => {
+                cert_seen = None;
+                cert_reported = None;
+                if changed {
+                    let (c, _) = certs.paths();
+                    info!(path = %c.display(), not_after = certs.not_after(), "serving certificate reloaded");
+                    state.metrics.cert_expiry.set(certs.not_after());
+                    state
+                        .metrics
+                        .cert_reloads
+                        .get_or_create(&ResultLabels { result: "success" })
+                        .inc();
+                }
             }
-            Ok(false) => {}
             Err(e) => {
                 let e = e.to_string();
-                // A Secret update writes the two files one after the other; only a pair that
-                // stays bad is worth a warning, and only once.
-                if last_cert_error.as_deref() != Some(e.as_str()) {
+                if cert_seen.as_deref() == Some(e.as_str())
+                    && cert_reported.as_deref() != Some(e.as_str())
+                {
                     warn!(error = %e, "new certificate files rejected; the previous certificate stays in use");
                     state
                         .metrics
                         .cert_reloads
                         .get_or_create(&ResultLabels { result: "failure" })
                         .inc();
-                    last_cert_error = Some(e);
+                    cert_reported = Some(e.clone());
                 }
+                cert_seen = Some(e);
             }
         }
     }
@@ -624,23 +722,69 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 }
 
 /// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+///
+/// The handlers are installed when this is called, not when the future is first polled:
+/// until then a SIGTERM would kill the process outright, skipping the drain. Call it before
+/// [`start`]. Must be called inside a Tokio runtime.
+#[cfg(unix)]
+pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => info!("SIGINT received"),
+            _ = term.recv() => info!("SIGTERM received"),
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => info!("SIGINT received"),
-        _ = term => info!("SIGTERM received"),
+    })
+}
+
+/// Resolves on Ctrl-C.
+#[cfg(not(unix))]
+pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+        info!("Ctrl-C received");
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &[u8] = b"validation: {mode: enforce}\n";
+    const WARN: &[u8] = b"validation: {mode: warn}\n";
+    const BAD: &[u8] = b"validation: {mode: sometimes}\n";
+
+    fn poll(w: &mut PolicyWatch, bytes: &[u8]) -> PolicyPoll {
+        w.poll(Path::new("policy.yaml"), Ok(bytes.to_vec()))
+    }
+
+    #[test]
+    fn policy_watch_reports_each_bad_file_once_and_keeps_the_good_one() {
+        let mut w = PolicyWatch::new(GOOD.to_vec());
+        assert!(matches!(poll(&mut w, GOOD), PolicyPoll::Unchanged));
+        assert!(matches!(poll(&mut w, BAD), PolicyPoll::Rejected(_)));
+        // Left in place: not reported again on every poll.
+        assert!(matches!(poll(&mut w, BAD), PolicyPoll::Unchanged));
+        // The good file back: it is the policy in force, nothing to reload.
+        assert!(matches!(poll(&mut w, GOOD), PolicyPoll::Unchanged));
+        // The same bad file again is a new event.
+        assert!(matches!(poll(&mut w, BAD), PolicyPoll::Rejected(_)));
+        assert!(matches!(poll(&mut w, WARN), PolicyPoll::Reloaded(_)));
+        assert_eq!(w.in_force, WARN);
+        // Back to the first policy: a change from the one in force, so a reload.
+        assert!(matches!(poll(&mut w, GOOD), PolicyPoll::Reloaded(_)));
+    }
+
+    #[test]
+    fn policy_watch_reports_a_missing_file_once() {
+        let mut w = PolicyWatch::new(GOOD.to_vec());
+        let gone = || Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+        let p = Path::new("policy.yaml");
+        assert!(matches!(w.poll(p, gone()), PolicyPoll::Rejected(e) if e.contains("policy.yaml")));
+        assert!(matches!(w.poll(p, gone()), PolicyPoll::Unchanged));
+        assert!(matches!(poll(&mut w, GOOD), PolicyPoll::Unchanged));
+        assert!(matches!(w.poll(p, gone()), PolicyPoll::Rejected(_)));
     }
 }

@@ -1,5 +1,7 @@
 //! Logging: JSON lines for clusters, text for a terminal.
 
+use std::io::IsTerminal as _;
+
 use tracing_subscriber::EnvFilter;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -20,6 +22,10 @@ pub fn init(format: LogFormat) {
             .flatten_event(true)
             .with_current_span(false)
             .try_init(),
-        LogFormat::Text => builder.with_target(false).try_init(),
+        // Colour only for a terminal: escape codes in a file or a log collector are noise.
+        LogFormat::Text => builder
+            .with_target(false)
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
     };
 }

@@ -248,3 +248,349 @@ pub mod net {
         .unwrap()
     }
 }
+
+/// Reading the text exposition format: each sample as a name, its labels and its value.
+pub mod scrape {
+    use std::collections::BTreeMap;
+
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct Sample {
+        pub name: String,
+        pub labels: BTreeMap<String, String>,
+        pub value: f64,
+    }
+
+    /// Parses the samples, skipping comments. Label values here never hold `"`, `,` or `}`
+    /// escaped, which keeps this small; a line it cannot read fails the test.
+    pub fn parse(text: &str) -> Vec<Sample> {
+        text.lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(|line| {
+                let (series, value) = line
+                    .rsplit_once(' ')
+                    .unwrap_or_else(|| panic!("no value: {line}"));
+                let value: f64 = value
+                    .parse()
+                    .unwrap_or_else(|_| panic!("bad value: {line}"));
+                let (name, labels) = match series.split_once('{') {
+                    None => (series.to_owned(), BTreeMap::new()),
+                    Some((name, rest)) => {
+                        let inner = rest
+                            .strip_suffix('}')
+                            .unwrap_or_else(|| panic!("unclosed labels: {line}"));
+                        let labels = inner
+                            .split(',')
+                            .filter(|kv| !kv.is_empty())
+                            .map(|kv| {
+                                let (k, v) = kv
+                                    .split_once('=')
+                                    .unwrap_or_else(|| panic!("bad label: {line}"));
+                                (k.to_owned(), v.trim_matches('"').to_owned())
+                            })
+                            .collect();
+                        (name.to_owned(), labels)
+                    }
+                };
+                Sample {
+                    name,
+                    labels,
+                    value,
+                }
+            })
+            .collect()
+    }
+
+    /// The value of the one series with exactly these labels.
+    pub fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let want: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        samples
+            .iter()
+            .find(|s| s.name == name && s.labels == want)
+            .map(|s| s.value)
+    }
+
+    /// The sum over every series of `name` whose labels include these.
+    pub fn sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+        samples
+            .iter()
+            .filter(|s| {
+                s.name == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+            })
+            .map(|s| s.value)
+            .sum()
+    }
+
+    pub fn names(samples: &[Sample]) -> std::collections::BTreeSet<String> {
+        samples.iter().map(|s| s.name.clone()).collect()
+    }
+}
+
+/// The real binary as a child process, with its log lines collected as they come.
+pub mod process {
+    use std::io::BufRead as _;
+    use std::net::SocketAddr;
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, Command, ExitStatus, Stdio};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use tempfile::TempDir;
+
+    pub struct Served {
+        pub child: Child,
+        pub dir: TempDir,
+        pub ca_pem: String,
+        pub addr: SocketAddr,
+        /// None with `--metrics-listen off`.
+        pub metrics_addr: Option<SocketAddr>,
+        lines: Arc<Mutex<Vec<String>>>,
+        reader: Option<std::thread::JoinHandle<()>>,
+    }
+
+    /// A directory with throwaway certificates and the shipped policy, as the server wants.
+    pub fn workdir() -> (TempDir, String) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(super::default_policy_path(), dir.path().join("policy.yaml")).unwrap();
+        let bundle =
+            tollgate::certs::generate(&["localhost".into(), "127.0.0.1".into()], 1).unwrap();
+        tollgate::certs::write(dir.path(), &bundle).unwrap();
+        (dir, bundle.ca_pem)
+    }
+
+    /// `tollgate serve` on 127.0.0.1 (port 0, read back from the start-up log line) with the
+    /// files in `dir`, the policy at `policy` (default: dir/policy.yaml), and `extra` flags.
+    pub fn serve(
+        dir: TempDir,
+        ca_pem: String,
+        policy: Option<&Path>,
+        log_format: &str,
+        extra: &[&str],
+    ) -> Served {
+        let policy: PathBuf = policy.map_or_else(|| dir.path().join("policy.yaml"), Path::to_owned);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        cmd.arg("serve")
+            .arg("--policy")
+            .arg(&policy)
+            .arg("--tls-cert")
+            .arg(dir.path().join("tls.crt"))
+            .arg("--tls-key")
+            .arg(dir.path().join("tls.key"))
+            .args(["--listen", "127.0.0.1:0", "--log-format", log_format])
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if !extra.contains(&"--metrics-listen") {
+            cmd.args(["--metrics-listen", "off"]);
+        }
+        let mut child = cmd.spawn().expect("starting tollgate serve");
+        let stderr = child.stderr.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let mut served = Served {
+            child,
+            dir,
+            ca_pem,
+            addr: "127.0.0.1:0".parse().unwrap(),
+            metrics_addr: None,
+            lines,
+            reader: Some(reader),
+        };
+        let start = Instant::now();
+        let line = loop {
+            if let Some(l) = served
+                .lines()
+                .into_iter()
+                .find(|l| l.contains("tollgate serving"))
+            {
+                break l;
+            }
+            if let Ok(Some(status)) = served.child.try_wait() {
+                panic!("tollgate exited with {status}: {:#?}", served.lines());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "tollgate did not start: {:#?}",
+                served.lines()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        served.addr = field_addr(&line, "addr").expect("serving address in the log");
+        served.metrics_addr = field_addr(&line, "metrics");
+        served
+    }
+
+    /// `key=127.0.0.1:PORT` (text) or `"key":"127.0.0.1:PORT"` (JSON).
+    fn field_addr(line: &str, key: &str) -> Option<SocketAddr> {
+        for pat in [format!("{key}="), format!("\"{key}\":\"")] {
+            if let Some(i) = line.find(&pat) {
+                let rest = &line[i + pat.len()..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == ':'))
+                    .unwrap_or(rest.len());
+                return rest[..end].parse().ok();
+            }
+        }
+        None
+    }
+
+    impl Served {
+        pub fn pid(&self) -> u32 {
+            self.child.id()
+        }
+
+        pub fn lines(&self) -> Vec<String> {
+            self.lines.lock().unwrap().clone()
+        }
+
+        /// The log lines that parse as JSON.
+        pub fn json_lines(&self) -> Vec<serde_json::Value> {
+            self.lines()
+                .iter()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect()
+        }
+
+        /// Waits (bounded) until a log line satisfies `pred`, and returns it.
+        pub async fn wait_for_line(&self, pred: impl Fn(&str) -> bool) -> String {
+            let start = Instant::now();
+            loop {
+                if let Some(l) = self.lines().into_iter().find(|l| pred(l)) {
+                    return l;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "no such log line in: {:#?}",
+                    self.lines()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+
+        /// Sends a signal with kill(1): no unsafe code for libc::kill.
+        pub fn signal(&self, name: &str) {
+            let status = Command::new("kill")
+                .arg(format!("-{name}"))
+                .arg(self.pid().to_string())
+                .status()
+                .expect("running kill");
+            assert!(status.success(), "kill -{name} failed");
+        }
+
+        /// Waits (bounded by `limit`) for the process to exit, and for its last log lines.
+        pub async fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+            let start = Instant::now();
+            while start.elapsed() < limit {
+                if let Some(s) = self.child.try_wait().unwrap() {
+                    // The pipe is at EOF once the process is gone: the reader ends at once.
+                    if let Some(r) = self.reader.take() {
+                        let _ = r.join();
+                    }
+                    return Some(s);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            None
+        }
+    }
+
+    impl Drop for Served {
+        fn drop(&mut self) {
+            // Only our own child, by its handle; a failed test must not leave it running.
+            if let Ok(None) = self.child.try_wait() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+        }
+    }
+}
+
+/// A review sent by hand over HTTP/1.1: headers and half the body now, the rest later, so
+/// that a test can act while the server holds a review in flight.
+pub mod slow {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::TcpStream;
+    use tokio_rustls::client::TlsStream;
+
+    pub struct SlowReview {
+        tls: TlsStream<TcpStream>,
+        rest: Vec<u8>,
+    }
+
+    pub async fn start(addr: SocketAddr, ca_pem: &str, path: &str, body: &[u8]) -> SlowReview {
+        let cfg = super::net::client_config(ca_pem, &[b"http/1.1"], None);
+        let mut tls = super::net::tls_connect(addr, cfg).await.unwrap();
+        let half = body.len() / 2;
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        tls.write_all(head.as_bytes()).await.unwrap();
+        tls.write_all(&body[..half]).await.unwrap();
+        tls.flush().await.unwrap();
+        SlowReview {
+            tls,
+            rest: body[half..].to_vec(),
+        }
+    }
+
+    impl SlowReview {
+        /// Sends the rest of the body and reads the response: status, whether the server
+        /// said it will close the connection, and the body.
+        pub async fn finish(&mut self) -> (u16, bool, Vec<u8>) {
+            let rest = std::mem::take(&mut self.rest);
+            self.tls.write_all(&rest).await.unwrap();
+            self.tls.flush().await.unwrap();
+            let read = async {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                loop {
+                    if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                        let status: u16 = head[9..12].parse().unwrap();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map(|v| v.trim().parse().unwrap())
+                            .unwrap_or(0);
+                        let close = head.lines().any(|l| l == "connection: close");
+                        if buf.len() >= end + 4 + len {
+                            return (status, close, buf[end + 4..end + 4 + len].to_vec());
+                        }
+                    }
+                    let n = self.tls.read(&mut chunk).await.unwrap();
+                    assert!(n > 0, "connection closed before a full response: {buf:?}");
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(20), read)
+                .await
+                .expect("a response within the safety bound")
+        }
+
+        /// After the response: true once the server has closed the connection.
+        pub async fn closed_by_server(&mut self) -> bool {
+            let mut b = [0u8; 1];
+            matches!(
+                tokio::time::timeout(Duration::from_secs(10), self.tls.read(&mut b)).await,
+                Ok(Ok(0)) | Ok(Err(_))
+            )
+        }
+    }
+}

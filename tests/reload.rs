@@ -1,0 +1,186 @@
+//! Policy hot reload through a ConfigMap-style mount: the file is a symlink into a `..data`
+//! symlink that the kubelet points at a new timestamped directory on every update.
+#![cfg(unix)]
+
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::net::{self, Client};
+use common::scrape;
+use serde_json::Value;
+
+/// A directory laid out as the kubelet lays out a ConfigMap volume.
+struct ConfigMapDir {
+    dir: tempfile::TempDir,
+    generation: u32,
+}
+
+impl ConfigMapDir {
+    fn new(text: &str) -> Self {
+        let mut cm = ConfigMapDir {
+            dir: tempfile::tempdir().unwrap(),
+            generation: 0,
+        };
+        cm.update(text);
+        symlink("..data/policy.yaml", cm.policy_path()).unwrap();
+        cm
+    }
+
+    fn policy_path(&self) -> PathBuf {
+        self.dir.path().join("policy.yaml")
+    }
+
+    /// What the kubelet's atomic writer does: write a new timestamped directory, point a new
+    /// symlink at it, rename that over `..data` (atomic), then remove the old directory.
+    fn update(&mut self, text: &str) {
+        let root = self.dir.path();
+        self.generation += 1;
+        let name = format!("..2026_11_30_03_00_00.{:09}", self.generation);
+        std::fs::create_dir(root.join(&name)).unwrap();
+        std::fs::write(root.join(&name).join("policy.yaml"), text).unwrap();
+        let old = std::fs::read_link(root.join("..data")).ok();
+        symlink(&name, root.join("..data_tmp")).unwrap();
+        std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+        if let Some(old) = old {
+            std::fs::remove_dir_all(root.join(old)).unwrap();
+        }
+    }
+}
+
+fn default_policy() -> String {
+    std::fs::read_to_string(common::default_policy_path()).unwrap()
+}
+
+fn warn_policy() -> String {
+    let text = default_policy();
+    assert!(text.contains("\n  mode: enforce\n"));
+    text.replace("\n  mode: enforce\n", "\n  mode: warn\n")
+}
+
+fn broken_policy() -> String {
+    format!("{}\nnotAField: true\n", warn_policy())
+}
+
+async fn metrics(server: &net::TestServer) -> Vec<scrape::Sample> {
+    scrape::parse(&net::get_metrics(server.running.metrics_addr.unwrap()).await)
+}
+
+async fn reloads(server: &net::TestServer, result: &str) -> f64 {
+    scrape::value(
+        &metrics(server).await,
+        "tollgate_policy_reloads_total",
+        &[("result", result)],
+    )
+    .unwrap()
+}
+
+async fn policy_hashes(server: &net::TestServer) -> Vec<String> {
+    metrics(server)
+        .await
+        .iter()
+        .filter(|s| s.name == "tollgate_policy_info" && s.value == 1.0)
+        .map(|s| s.labels["hash"].clone())
+        .collect()
+}
+
+/// Waits (bounded) until the counter reaches `want`.
+async fn wait_reloads(server: &net::TestServer, result: &str, want: f64) {
+    for _ in 0..1000 {
+        if reloads(server, result).await >= want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(reloads(server, result).await, want, "{result} reloads");
+}
+
+/// The pod that validation denies under the default policy (its containers request nothing).
+async fn validate(c: &mut Client) -> Value {
+    let (status, body) = c
+        .post(
+            "/validate",
+            common::fixture("resnet50-master-0.validate.json"),
+        )
+        .await;
+    assert_eq!(status, 200);
+    serde_json::from_slice::<Value>(&body).unwrap()["response"].clone()
+}
+
+async fn ready(c: &mut Client) -> u16 {
+    c.request("GET", "/readyz", vec![]).await.unwrap().0
+}
+
+fn interval_margin() -> Duration {
+    // Twenty reload intervals of the test server: enough for several polls.
+    Duration::from_millis(20 * 50)
+}
+
+#[tokio::test]
+async fn configmap_symlink_swaps_reload_good_policies_and_reject_bad_ones() {
+    let mut cm = ConfigMapDir::new(&default_policy());
+    let path: PathBuf = cm.policy_path();
+    let server = net::start(|o| o.policy_path = path).await;
+    assert!(Path::new(&cm.policy_path()).is_symlink());
+    let mut c = Client::connect(server.addr(), &server.ca_pem, true).await;
+
+    let r = validate(&mut c).await;
+    assert_eq!(r["allowed"], false, "denied under enforce: {r}");
+    let enforce_hash = policy_hashes(&server).await;
+    assert_eq!(enforce_hash.len(), 1);
+
+    // A valid new policy: the next review sees it.
+    cm.update(&warn_policy());
+    wait_reloads(&server, "success", 1.0).await;
+    let r = validate(&mut c).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(
+        r["warnings"][0].as_str().unwrap().contains("cpu"),
+        "the denial's text, as a warning: {r}"
+    );
+    let warn_hash = policy_hashes(&server).await;
+    assert_eq!(warn_hash.len(), 1, "one policy_info series at a time");
+    assert_ne!(warn_hash, enforce_hash);
+
+    // An invalid one: rejected, counted, the warn policy stays, still ready.
+    cm.update(&broken_policy());
+    wait_reloads(&server, "failure", 1.0).await;
+    assert_eq!(validate(&mut c).await["allowed"], true);
+    assert_eq!(ready(&mut c).await, 200);
+    assert_eq!(policy_hashes(&server).await, warn_hash);
+    assert_eq!(reloads(&server, "success").await, 1.0);
+
+    // The good file back is the policy in force: nothing to reload, nothing to count.
+    cm.update(&warn_policy());
+    tokio::time::sleep(interval_margin()).await;
+    assert_eq!(reloads(&server, "success").await, 1.0);
+    assert_eq!(reloads(&server, "failure").await, 1.0);
+    assert_eq!(policy_hashes(&server).await, warn_hash);
+
+    // The same bad file again is a new failure, reported again.
+    cm.update(&broken_policy());
+    wait_reloads(&server, "failure", 2.0).await;
+    assert_eq!(ready(&mut c).await, 200);
+
+    // And back to the first policy.
+    cm.update(&default_policy());
+    wait_reloads(&server, "success", 2.0).await;
+    assert_eq!(policy_hashes(&server).await, enforce_hash);
+    assert_eq!(validate(&mut c).await["allowed"], false);
+    server.running.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_policy_file_that_disappears_is_a_failure_and_the_policy_stays() {
+    let cm = ConfigMapDir::new(&default_policy());
+    let path = cm.policy_path();
+    let server = net::start(|o| o.policy_path = path).await;
+    let mut c = Client::connect(server.addr(), &server.ca_pem, false).await;
+    std::fs::remove_file(cm.dir.path().join("..data")).unwrap();
+    wait_reloads(&server, "failure", 1.0).await;
+    assert_eq!(ready(&mut c).await, 200);
+    assert_eq!(validate(&mut c).await["allowed"], false);
+    server.running.shutdown().await;
+}
