@@ -574,7 +574,7 @@ fn limit_extended_requests(pod: &mut Value) {
 #[test]
 fn generated_policies() {
     for seed in 0..CASES {
-        let mut rng = Rng::new(seed ^ 0x5EED_0F_F00D);
+        let mut rng = Rng::new(seed ^ 0x005E_ED0F_F00D);
         let policy = gen_policy(&mut rng);
         let mut input = gen_pod(&mut rng);
         if !policy.mutation.default_resources.enabled {
