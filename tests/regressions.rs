@@ -1,0 +1,71 @@
+//! Inputs found by fuzzing (`fuzz/`), each kept as a test with the input inline, beside
+//! the fix it led to.
+
+mod common;
+
+use serde_json::{json, Value};
+use tollgate::policy::{Policy, SidecarMode};
+use tollgate::review::{review_bytes, Endpoint};
+
+/// The mutation invariants the fuzz targets check: the patch applies to the object as sent,
+/// and a second pass over the patched object patches nothing.
+fn assert_patch_applies(policy: &Policy, review: &Value) -> Value {
+    let body = serde_json::to_vec(review).unwrap();
+    let reviewed = review_bytes(Endpoint::Mutate, policy, &body).unwrap();
+    let patch = reviewed.patch.expect("a patch");
+    let mut object = review["request"]["object"].clone();
+    json_patch::patch(&mut object, &patch)
+        .unwrap_or_else(|e| panic!("the patch does not apply to the object sent: {e}"));
+    let mut again = review.clone();
+    again["request"]["object"] = object.clone();
+    let second = review_bytes(
+        Endpoint::Mutate,
+        policy,
+        &serde_json::to_vec(&again).unwrap(),
+    )
+    .unwrap();
+    assert!(second.patch.is_none(), "second pass: {:?}", second.patch);
+    object
+}
+
+/// review_structured, crash-199d02e2: a pod whose object has no `containers` key at all. The
+/// typed pod reads it as an empty list, so the patch said `add /spec/containers/0` (the
+/// classic sidecar) to an object without that list, and the apiserver could not apply it.
+#[test]
+fn sidecar_into_a_pod_without_a_containers_list() {
+    let mut review: Value =
+        serde_json::from_slice(&common::fixture("resnet50-worker-generatename.mutate.json"))
+            .unwrap();
+    review["request"]["object"]["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("containers");
+    let mut policy = Policy::default();
+    policy.mutation.metrics_sidecar.mode = SidecarMode::Classic;
+    let object = assert_patch_applies(&policy, &review);
+    assert_eq!(object["spec"]["containers"][0]["name"], "tollgate-metrics");
+
+    // The same with the native sidecar and no initContainers list, or a null one.
+    for absent in [None, Some(Value::Null)] {
+        let mut review = review.clone();
+        let spec = review["request"]["object"]["spec"].as_object_mut().unwrap();
+        spec.insert(
+            "containers".into(),
+            json!([{"name": "t", "image": "x",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]),
+        );
+        match &absent {
+            None => {
+                spec.remove("initContainers");
+            }
+            Some(v) => {
+                spec.insert("initContainers".into(), v.clone());
+            }
+        }
+        let object = assert_patch_applies(&Policy::default(), &review);
+        assert_eq!(
+            object["spec"]["initContainers"][0]["name"],
+            "tollgate-metrics"
+        );
+    }
+}
