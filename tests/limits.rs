@@ -324,3 +324,50 @@ async fn idle_connections_are_closed_and_give_their_slot_back() {
     assert!(read_to_close(&mut silent).await.is_empty());
     server.running.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_client_that_never_reads_its_responses_loses_its_slot() {
+    let server = net::start(|o| {
+        o.limits.max_connections = 1;
+        o.limits.idle_timeout = Duration::from_millis(300);
+    })
+    .await;
+    // Pipelined requests, never a response read: the server's writes block once the small
+    // receive buffer and its send buffer are full, with no request in flight.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let tcp = socket.connect(server.addr()).await.unwrap();
+    let cfg = net::client_config(&server.ca_pem, &[b"http/1.1"], None);
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap();
+    let (reader, mut writer) = tokio::io::split(tls);
+    let flood = tokio::spawn(async move {
+        let req = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n".repeat(100);
+        for _ in 0..50 {
+            match tokio::time::timeout(BOUND, writer.write_all(&req)).await {
+                Ok(Ok(())) => {}
+                _ => break,
+            }
+        }
+        writer
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Someone else gets the slot once the stuck connection is dropped.
+    let (addr, ca) = (server.addr(), server.ca_pem.clone());
+    let next = tokio::spawn(async move {
+        let mut c = Client::connect(addr, &ca, true).await;
+        c.request("GET", "/healthz", vec![]).await.unwrap().0
+    });
+    let status = tokio::time::timeout(BOUND, next)
+        .await
+        .expect("a connection that reads nothing kept the only slot")
+        .unwrap();
+    assert_eq!(status, 200);
+    drop((reader, flood));
+    server.running.shutdown().await;
+}
