@@ -69,3 +69,36 @@ fn sidecar_into_a_pod_without_a_containers_list() {
         );
     }
 }
+
+/// quantity, crash-782fd718: leading zeros let a 40-digit input parse to a value whose
+/// canonical text has 31 digits, which the 30-digit guard then refused: tollgate could
+/// write a limit (a per-GPU product, say) that it could not read back.
+#[test]
+fn formatted_quantities_parse_back() {
+    use tollgate::quantity::{format, format_for, parse};
+    for input in [
+        "0000000000009950999000000000000000900019.5",
+        "9950999000000000000000900019500m",
+        "170141183460469231731",
+        "170141183460469231731.687303715",
+    ] {
+        let n = parse(input).unwrap_or_else(|e| panic!("{input}: {e}"));
+        for text in [format(n), format_for("cpu", n), format_for("memory", n)] {
+            assert_eq!(parse(&text), Ok(n), "{input} -> {n} -> {text}");
+        }
+    }
+}
+
+/// Found while fixing the above: rounding a fine fraction up added the divisor before
+/// dividing, which overflowed (a panic with overflow checks, a negative quantity without)
+/// for values near the top of the range.
+#[test]
+fn rounding_up_near_the_top_does_not_overflow() {
+    use tollgate::quantity::parse;
+    // (2^67 - 1) * 2^60 * 10^-28 units: just below i128::MAX before the division by 10^19.
+    let n = parse("0.0000000147573952589676412927Ei").unwrap();
+    let scaled: i128 = ((1i128 << 67) - 1) << 60;
+    let d = 10i128.pow(19);
+    assert_eq!(n, scaled / d + 1);
+    assert!(n > 0);
+}
