@@ -81,6 +81,9 @@ pub struct ServeArgs {
     /// Most concurrent HTTP/2 streams per connection.
     #[arg(long, default_value_t = Limits::default().max_streams)]
     pub max_streams: u32,
+    /// Close a connection that has had no request in flight for this long, in milliseconds.
+    #[arg(long, default_value_t = 60000)]
+    pub idle_timeout_ms: u64,
     /// How often the policy and certificate files are checked for changes, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     pub reload_interval_ms: u64,
@@ -238,6 +241,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
             header_timeout: Duration::from_millis(a.header_timeout_ms),
             max_connections: a.max_connections,
             max_streams: a.max_streams,
+            idle_timeout: Duration::from_millis(a.idle_timeout_ms.max(1)),
         },
         reload_interval: Duration::from_millis(a.reload_interval_ms.max(10)),
         shutdown_delay: Duration::from_millis(a.shutdown_delay_ms),

@@ -124,9 +124,23 @@ pub fn annotation_is_true(pod: &Pod, key: &str) -> bool {
 }
 
 /// The apiserver's defaulting between the mutating and the validating webhooks, for the
-/// parts validation looks at: a container limit with no request becomes the request.
+/// parts validation looks at: a container limit with no request becomes the request, and
+/// so does a pod-level limit (`spec.resources`, where the apiserver sets a pod-level request
+/// for every resource with a pod-level limit).
 pub fn default_requests_from_limits(pod: &mut serde_json::Value) {
     use serde_json::Value;
+    if let Some(Value::Object(res)) = pod.pointer_mut("/spec/resources") {
+        if let Some(Value::Object(limits)) = res.get("limits").cloned() {
+            let requests = res
+                .entry("requests")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if let Value::Object(requests) = requests {
+                for (k, v) in limits {
+                    requests.entry(k).or_insert(v);
+                }
+            }
+        }
+    }
     for list in ["initContainers", "containers"] {
         let Some(Value::Array(cs)) = pod.pointer_mut(&format!("/spec/{list}")) else {
             continue;

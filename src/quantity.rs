@@ -61,7 +61,8 @@ pub fn parse(s: &str) -> Result<i128, QuantityError> {
     let (int_part, frac_part) = num.split_once('.').unwrap_or((num, ""));
     let digits = format!("{int_part}{frac_part}");
     let digits = digits.trim_start_matches('0');
-    if digits.len() > 30 {
+    // i128::MAX has 39 digits: anything [`format`] writes fits, larger fails to parse below.
+    if digits.len() > 39 {
         return Err(err());
     }
     let mantissa: i128 = if digits.is_empty() {
@@ -78,7 +79,8 @@ pub fn parse(s: &str) -> Result<i128, QuantityError> {
             .ok_or_else(err)?
     } else {
         let d = 10i128.checked_pow((-exp) as u32).ok_or_else(err)?;
-        (scaled + d - 1) / d
+        // Round up without adding first: `scaled + d - 1` overflows near the top.
+        scaled / d + i128::from(scaled % d != 0)
     };
     Ok(sign * value)
 }

@@ -162,10 +162,97 @@ pub fn review_bytes(
             check_envelope(&review.types.api_version, &review.types.kind)?;
             let req: AdmissionRequest<Pod> =
                 review.try_into().map_err(|_| ReviewError::NoRequest)?;
-            Ok(review_request(endpoint, policy, &req))
+            let mut reviewed = review_request(endpoint, policy, &req);
+            if reviewed.patch.is_some() {
+                anchor_to_sent_object(&mut reviewed, body);
+            }
+            Ok(reviewed)
         }
         Err(typed_err) => slow_path(endpoint, body, typed_err),
     }
+}
+
+/// The patch is computed on the typed pod, whose JSON can differ from the object the
+/// apiserver sent, which is what the patch is applied to: an absent list (`containers`,
+/// `initContainers`) or map reads as empty and comes back as `[]` or `{}`. An operation
+/// under such a path would not apply, and the apiserver would refuse the pod with an
+/// internal error. Each missing or non-container ancestor is created first, with the typed
+/// pod's value for it, so the patch applies to the object as sent.
+fn anchor_to_sent_object(reviewed: &mut Reviewed, body: &[u8]) {
+    let Some(patch) = reviewed.patch.as_ref() else {
+        return;
+    };
+    let Ok(mut sent) = serde_json::from_slice::<Value>(body) else {
+        return;
+    };
+    let Some(sent) = sent.pointer_mut("/request/object").map(Value::take) else {
+        return;
+    };
+    if let Some(fixed) = anchor(sent, patch) {
+        match reviewed.response.clone().with_patch(fixed.clone()) {
+            Ok(r) => reviewed.response = r,
+            Err(_) => unreachable!("a JSON patch always serialises"),
+        }
+        reviewed.patch = Some(fixed);
+    }
+}
+
+/// A patch equivalent to `patch` that applies to `sent`, or None if `patch` already does
+/// (the usual case: nothing is cloned then).
+fn anchor(sent: Value, patch: &json_patch::Patch) -> Option<json_patch::Patch> {
+    let parents_exist = patch.0.iter().enumerate().all(|(i, op)| {
+        let path = op.path().to_string();
+        let parent = path.rsplit_once('/').map_or("", |(p, _)| p);
+        matches!(
+            sent.pointer(parent),
+            Some(Value::Object(_) | Value::Array(_))
+        ) || patch.0[..i].iter().any(|o| {
+            let earlier = o.path().to_string();
+            parent == earlier || parent.starts_with(&format!("{earlier}/"))
+        })
+    });
+    if parents_exist {
+        return None;
+    }
+    let mut doc = sent;
+    let mut out: Vec<json_patch::PatchOperation> = Vec::with_capacity(patch.0.len() + 1);
+    for op in &patch.0 {
+        let path = op.path().to_string();
+        let parent = path.rsplit_once('/').map_or("", |(p, _)| p);
+        // Every ancestor, shallowest first: "/spec", "/spec/containers", ...
+        let mut at = 0;
+        while at < parent.len() {
+            let end = parent[at + 1..]
+                .find('/')
+                .map_or(parent.len(), |i| at + 1 + i);
+            let ancestor = &parent[..end];
+            at = end;
+            if matches!(
+                doc.pointer(ancestor),
+                Some(Value::Object(_) | Value::Array(_))
+            ) {
+                continue;
+            }
+            // The typed pod's value there: what an absent or null field reads as. For a
+            // list index or a map key that is absent, that is an empty map.
+            let empty = if path[end..].split('/').nth(1).is_some_and(|seg| {
+                !seg.is_empty() && seg.bytes().all(|b| b.is_ascii_digit()) || seg == "-"
+            }) {
+                Value::Array(vec![])
+            } else {
+                Value::Object(Default::default())
+            };
+            let add: json_patch::PatchOperation = serde_json::from_value(serde_json::json!(
+                {"op": "add", "path": ancestor, "value": empty}
+            ))
+            .ok()?;
+            json_patch::patch(&mut doc, std::slice::from_ref(&add)).ok()?;
+            out.push(add);
+        }
+        json_patch::patch(&mut doc, std::slice::from_ref(op)).ok()?;
+        out.push(op.clone());
+    }
+    Some(json_patch::Patch(out))
 }
 
 fn check_envelope(api_version: &str, kind: &str) -> std::result::Result<(), ReviewError> {

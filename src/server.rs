@@ -6,8 +6,8 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -19,7 +19,6 @@ use axum::routing::any;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
@@ -69,6 +68,10 @@ pub struct Limits {
     pub max_connections: usize,
     /// HTTP/2 streams per connection.
     pub max_streams: u32,
+    /// A connection with no request in flight for this long is closed (gracefully: a GOAWAY
+    /// for HTTP/2), so that idle clients cannot hold connection slots for ever. It also
+    /// bounds a client that completes the TLS handshake and then sends nothing.
+    pub idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -80,6 +83,7 @@ impl Default for Limits {
             header_timeout: Duration::from_secs(5),
             max_connections: 1024,
             max_streams: 256,
+            idle_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -549,8 +553,10 @@ async fn run(
     });
 
     let app = router(state.clone());
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(opts.limits.max_connections.max(1)));
+    // Connections are counted by the slots they hold: draining waits for every slot back.
+    let max_connections = opts.limits.max_connections.clamp(1, u32::MAX as usize >> 3);
+    let slots = Arc::new(Semaphore::new(max_connections));
+    let (drain_tx, drain_rx) = watch::channel(false);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -597,33 +603,22 @@ async fn run(
         };
         // Without it, small HTTP/2 frames wait on delayed ACKs: tens of milliseconds of tail.
         let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let builder = builder.clone();
-        let service = TowerToHyperService::new(app.clone());
-        let watcher = graceful.watcher();
-        let handshake_timeout = opts.limits.handshake_timeout;
-        tokio::spawn(async move {
-            let _permit = permit;
-            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let conn = builder.serve_connection(TokioIo::new(tls), service);
-            if let Err(e) = watcher.watch(conn.into_owned()).await {
-                debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
+        tokio::spawn(serve_connection(
+            tcp,
+            peer,
+            acceptor.clone(),
+            builder.clone(),
+            app.clone(),
+            opts.limits.clone(),
+            drain_rx.clone(),
+            permit,
+        ));
     }
     drop(listener);
     info!(timeout = ?opts.drain_timeout, "no longer accepting; draining in-flight requests");
-    if tokio::time::timeout(opts.drain_timeout, graceful.shutdown())
+    let _ = drain_tx.send(true);
+    let all_back = slots.acquire_many(max_connections as u32);
+    if tokio::time::timeout(opts.drain_timeout, all_back)
         .await
         .is_err()
     {
@@ -634,6 +629,115 @@ async fn run(
         let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
     }
     info!("tollgate stopped");
+}
+
+/// What a connection is doing, for the idle timeout.
+struct Activity {
+    in_flight: AtomicUsize,
+    last: Mutex<Instant>,
+}
+
+impl Activity {
+    fn touch(&self) {
+        if let Ok(mut t) = self.last.lock() {
+            *t = Instant::now();
+        }
+    }
+
+    /// How long the connection has had no request in flight (zero while one is).
+    fn idle_for(&self) -> Duration {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return Duration::ZERO;
+        }
+        self.last.lock().map(|t| t.elapsed()).unwrap_or_default()
+    }
+}
+
+/// A request in flight on a connection; the connection is active until it is dropped.
+struct Busy(Arc<Activity>);
+
+impl Busy {
+    fn new(a: Arc<Activity>) -> Busy {
+        a.in_flight.fetch_add(1, Ordering::AcqRel);
+        a.touch();
+        Busy(a)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One accepted connection: the TLS handshake (bounded), then HTTP/1.1 or HTTP/2 until the
+/// client leaves, the connection idles past the idle timeout, or the server drains. The
+/// permit is the connection's slot under `--max-connections`, held until it is closed.
+#[allow(clippy::too_many_arguments)]
+async fn serve_connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    app: Router,
+    limits: Limits,
+    mut drain: watch::Receiver<bool>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let _permit = permit;
+    let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            debug!(%peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            debug!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let activity = Arc::new(Activity {
+        in_flight: AtomicUsize::new(0),
+        last: Mutex::new(Instant::now()),
+    });
+    let tracked = activity.clone();
+    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let busy = Busy::new(tracked.clone());
+        let call = tower::ServiceExt::oneshot(app.clone(), req);
+        async move {
+            let resp = call.await;
+            drop(busy);
+            resp
+        }
+    });
+    let conn = builder.serve_connection(TokioIo::new(tls), service);
+    tokio::pin!(conn);
+    let check = (limits.idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(check);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = stopped(&mut drain), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            _ = tick.tick(), if !closing => {
+                if activity.idle_for() >= limits.idle_timeout {
+                    debug!(%peer, "closing an idle connection");
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    }
 }
 
 /// Polls the policy and certificate files. Polling, not inotify: Kubernetes swaps a

@@ -464,3 +464,126 @@ fn apiserver_fixtures_are_idempotent_under_every_policy() {
         }
     }
 }
+
+/// A policy with random toggles: steps on or off, per-GPU defaults, classic or native
+/// sidecar, every extended resource a GPU or not, and random required requests.
+fn gen_policy(rng: &mut Rng) -> Policy {
+    let mut p = Policy::default();
+    let m = &mut p.mutation;
+    m.gpu_tolerations.enabled = rng.chance(80);
+    m.driver_mounts.enabled = rng.chance(80);
+    m.metrics_sidecar.enabled = rng.chance(80);
+    m.default_resources.enabled = rng.chance(85);
+    if rng.chance(50) {
+        m.metrics_sidecar.mode = SidecarMode::Classic;
+    }
+    if rng.chance(50) {
+        for r in ["cpu", "memory", "ephemeral-storage"] {
+            if rng.chance(60) {
+                let q = *rng.pick(&["1", "500m", "8", "1500m", "64Gi", "1Gi", "3"]);
+                m.default_resources
+                    .per_gpu
+                    .insert(r.into(), Quantity(q.into()));
+            }
+        }
+    }
+    if rng.chance(25) {
+        m.default_resources.limits.remove("memory");
+    }
+    if rng.chance(20) {
+        m.default_resources
+            .limits
+            .insert("ephemeral-storage".into(), Quantity("10Gi".into()));
+    }
+    if rng.chance(20) {
+        m.default_resources
+            .limits
+            .insert("cpu".into(), Quantity(rng.pick(CPUS).to_string()));
+    }
+    p.gpu.all_extended_resources = rng.chance(50);
+    p.validation.required_requests = ["cpu", "memory", "ephemeral-storage"]
+        .into_iter()
+        .filter(|_| rng.chance(70))
+        .map(String::from)
+        .collect();
+    p
+}
+
+/// Validation agrees with mutation: once the apiserver has copied limits to requests, a
+/// mutated training pod is not denied for a resource the defaults supplied.
+fn check_agreement(seed: u64, policy: &Policy, input: &Value) {
+    let before: Pod = serde_json::from_value(input.clone()).unwrap();
+    if !tollgate::mutate::is_training_pod(policy, &before) {
+        return;
+    }
+    let mut pod = before.clone();
+    mutate(policy, &mut pod);
+    let mut defaulted = serde_json::to_value(&pod).unwrap();
+    tollgate::pod::default_requests_from_limits(&mut defaulted);
+    let defaulted: Pod = serde_json::from_value(defaulted).unwrap();
+    let dr = &policy.mutation.default_resources;
+    if !dr.enabled {
+        return;
+    }
+    for missing in tollgate::validate::missing_requests(policy, &defaulted) {
+        let c = all_containers(&defaulted)
+            .into_iter()
+            .find(|c| c.name == missing.container)
+            .unwrap();
+        // A container with a quantity the apiserver would refuse anyway is left alone.
+        let unreadable = c.resources.iter().any(|r| {
+            r.requests
+                .iter()
+                .chain(r.limits.iter())
+                .flatten()
+                .any(|(_, q)| quantity::parse(&q.0).is_err())
+        });
+        if unreadable {
+            continue;
+        }
+        let has_gpu = !tollgate::pod::gpus_of(policy, c).is_empty();
+        for r in &missing.resources {
+            let supplied = dr.limits.contains_key(r) || (has_gpu && dr.per_gpu.contains_key(r));
+            assert!(
+                !supplied,
+                "seed {seed}: {} {} denied for {r}, which the defaults supply\npolicy {}\npod {input}",
+                missing.noun,
+                missing.container,
+                serde_json::to_string(policy).unwrap()
+            );
+        }
+    }
+}
+
+fn limit_extended_requests(pod: &mut Value) {
+    for list in ["initContainers", "containers"] {
+        for c in pod["spec"][list].as_array_mut().into_iter().flatten() {
+            let requests = c["resources"]["requests"].clone();
+            for (k, v) in requests.as_object().into_iter().flatten() {
+                if quantity::is_non_overcommittable(k) && c["resources"]["limits"][k].is_null() {
+                    if !c["resources"]["limits"].is_object() {
+                        c["resources"]["limits"] = json!({});
+                    }
+                    c["resources"]["limits"][k] = v.clone();
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn generated_policies() {
+    for seed in 0..CASES {
+        let mut rng = Rng::new(seed ^ 0x005E_ED0F_F00D);
+        let policy = gen_policy(&mut rng);
+        let mut input = gen_pod(&mut rng);
+        if !policy.mutation.default_resources.enabled {
+            // Nothing then fixes a hugepage or GPU requested without a limit (a pod the
+            // apiserver refuses anyway): give the input its limit, so that validity of the
+            // output is tollgate's doing.
+            limit_extended_requests(&mut input);
+        }
+        check(seed, "generated", &policy, &input);
+        check_agreement(seed, &policy, &input);
+    }
+}

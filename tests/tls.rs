@@ -190,3 +190,170 @@ async fn tls_1_2_is_accepted_and_old_versions_are_not_offered() {
     );
     server.running.shutdown().await;
 }
+
+/// A hand-made TLS ClientHello: `legacy` record/hello version, the given cipher suites, and
+/// the extensions an ECDHE handshake needs (no supported_versions: TLS 1.2 at most).
+fn client_hello(version: [u8; 2], suites: &[u16]) -> Vec<u8> {
+    fn ext(out: &mut Vec<u8>, kind: u16, body: &[u8]) {
+        out.extend_from_slice(&kind.to_be_bytes());
+        out.extend_from_slice(&(body.len() as u16).to_be_bytes());
+        out.extend_from_slice(body);
+    }
+    let mut exts = vec![];
+    ext(&mut exts, 0x000a, &[0, 4, 0x00, 0x1d, 0x00, 0x17]); // x25519, secp256r1
+    ext(&mut exts, 0x000b, &[1, 0]); // uncompressed points
+    ext(
+        &mut exts,
+        0x000d,
+        &[0, 8, 0x04, 0x03, 0x08, 0x04, 0x04, 0x01, 0x08, 0x07],
+    ); // ecdsa p256 sha256, rsa-pss sha256, rsa pkcs1 sha256, ed25519
+    let mut hello = vec![];
+    hello.extend_from_slice(&version);
+    hello.extend_from_slice(&[7u8; 32]); // random
+    hello.push(0); // no session id
+    hello.extend_from_slice(&((suites.len() * 2) as u16).to_be_bytes());
+    for s in suites {
+        hello.extend_from_slice(&s.to_be_bytes());
+    }
+    hello.extend_from_slice(&[1, 0]); // null compression
+    hello.extend_from_slice(&(exts.len() as u16).to_be_bytes());
+    hello.extend_from_slice(&exts);
+    let mut hs = vec![1u8];
+    hs.extend_from_slice(&(hello.len() as u32).to_be_bytes()[1..]);
+    hs.extend_from_slice(&hello);
+    let mut record = vec![0x16, 0x03, 0x01];
+    record.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+    record.extend_from_slice(&hs);
+    record
+}
+
+/// Sends a ClientHello and returns the type of the first record the server answers with
+/// (0x16 handshake: a ServerHello; 0x15: an alert), or None if it just closed.
+async fn first_record_type(addr: std::net::SocketAddr, hello: &[u8]) -> Option<u8> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(hello).await.unwrap();
+    let mut b = [0u8; 1];
+    match tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut b)).await {
+        Ok(Ok(1)) => Some(b[0]),
+        Ok(_) => None,
+        Err(_) => panic!("the server neither answered nor closed"),
+    }
+}
+
+const ECDHE_AEAD: &[u16] = &[0xc02b, 0xc02f, 0xcca8, 0xcca9]; // AES-GCM and ChaCha20, ECDSA/RSA
+const CBC_ONLY: &[u16] = &[0xc009, 0xc013, 0xc023, 0xc027, 0x002f, 0x0035, 0x003c];
+const RSA_KX_GCM: &[u16] = &[0x009c, 0x009d]; // static RSA key exchange, no forward secrecy
+
+#[tokio::test]
+async fn only_ecdhe_aead_suites_and_tls_1_2_or_later_are_accepted() {
+    let server = net::start(|_| {}).await;
+    // The hand-made hello itself is fine: with modern suites the server answers ServerHello.
+    assert_eq!(
+        first_record_type(server.addr(), &client_hello([3, 3], ECDHE_AEAD)).await,
+        Some(0x16)
+    );
+    for (what, version, suites) in [
+        ("CBC suites only", [3, 3], CBC_ONLY),
+        ("static RSA key exchange only", [3, 3], RSA_KX_GCM),
+        ("TLS 1.1", [3, 2], ECDHE_AEAD),
+        ("TLS 1.0", [3, 1], ECDHE_AEAD),
+    ] {
+        let answer = first_record_type(server.addr(), &client_hello(version, suites)).await;
+        assert_ne!(
+            answer,
+            Some(0x16),
+            "{what}: the server went on with the handshake"
+        );
+    }
+    // Every suite the server offers: TLS 1.3, or TLS 1.2 with ECDHE and an AEAD.
+    for s in &tollgate::tls::provider().cipher_suites {
+        let name = format!("{:?}", s.suite());
+        let tls13 = name.starts_with("TLS13_");
+        let modern12 =
+            name.contains("ECDHE") && (name.contains("GCM") || name.contains("CHACHA20_POLY1305"));
+        assert!(tls13 || modern12, "{name} is offered");
+        assert!(
+            !name.contains("CBC") && !name.contains("SHA1") || tls13,
+            "{name}"
+        );
+    }
+    server.running.shutdown().await;
+}
+
+#[tokio::test]
+async fn tls_1_3_clients_are_served() {
+    let server = net::start(|_| {}).await;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::pem::PemObject::pem_slice_iter(server.ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut cfg = rustls::ClientConfig::builder_with_provider(tollgate::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let mut c = Client::connect_with(server.addr(), cfg.clone())
+        .await
+        .unwrap();
+    let (status, _) = c
+        .post(
+            "/validate",
+            common::fixture("resnet50-master-0.validate.json"),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let tls = net::tls_connect(server.addr(), cfg).await.unwrap();
+    assert_eq!(
+        tls.get_ref().1.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_3)
+    );
+    server.running.shutdown().await;
+}
+
+/// A client CA and a certificate it signed that expired yesterday.
+fn expired_client() -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+    let now = time::OffsetDateTime::now_utc();
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+    ca.not_before = now - time::Duration::days(30);
+    ca.not_after = now + time::Duration::days(30);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut leaf = CertificateParams::new(vec!["kube-apiserver".to_owned()]).unwrap();
+    leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    leaf.not_before = now - time::Duration::days(10);
+    leaf.not_after = now - time::Duration::days(1);
+    let cert = leaf.signed_by(&key, &issuer).unwrap();
+    (ca_cert.pem(), cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test]
+async fn an_expired_client_certificate_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = expired_client();
+    let ca_path = dir.path().join("client-ca.crt");
+    std::fs::write(&ca_path, ca).unwrap();
+    let server = net::start(|o| o.client_ca = Some(ca_path)).await;
+    for alpn in [&b"h2"[..], &b"http/1.1"[..]] {
+        let cfg = net::client_config(&server.ca_pem, &[alpn], Some((&cert, &key)));
+        let refused = match Client::connect_with(server.addr(), cfg).await {
+            Err(_) => true,
+            Ok(mut c) => c
+                .request(
+                    "POST",
+                    "/validate",
+                    common::fixture("resnet50-master-0.validate.json"),
+                )
+                .await
+                .is_err(),
+        };
+        assert!(refused, "an expired client certificate was accepted");
+    }
+    server.running.shutdown().await;
+}

@@ -1,0 +1,104 @@
+//! Inputs found by fuzzing (`fuzz/`), each kept as a test with the input inline, beside
+//! the fix it led to.
+
+mod common;
+
+use serde_json::{json, Value};
+use tollgate::policy::{Policy, SidecarMode};
+use tollgate::review::{review_bytes, Endpoint};
+
+/// The mutation invariants the fuzz targets check: the patch applies to the object as sent,
+/// and a second pass over the patched object patches nothing.
+fn assert_patch_applies(policy: &Policy, review: &Value) -> Value {
+    let body = serde_json::to_vec(review).unwrap();
+    let reviewed = review_bytes(Endpoint::Mutate, policy, &body).unwrap();
+    let patch = reviewed.patch.expect("a patch");
+    let mut object = review["request"]["object"].clone();
+    json_patch::patch(&mut object, &patch)
+        .unwrap_or_else(|e| panic!("the patch does not apply to the object sent: {e}"));
+    let mut again = review.clone();
+    again["request"]["object"] = object.clone();
+    let second = review_bytes(
+        Endpoint::Mutate,
+        policy,
+        &serde_json::to_vec(&again).unwrap(),
+    )
+    .unwrap();
+    assert!(second.patch.is_none(), "second pass: {:?}", second.patch);
+    object
+}
+
+/// review_structured, crash-199d02e2: a pod whose object has no `containers` key at all. The
+/// typed pod reads it as an empty list, so the patch said `add /spec/containers/0` (the
+/// classic sidecar) to an object without that list, and the apiserver could not apply it.
+#[test]
+fn sidecar_into_a_pod_without_a_containers_list() {
+    let mut review: Value =
+        serde_json::from_slice(&common::fixture("resnet50-worker-generatename.mutate.json"))
+            .unwrap();
+    review["request"]["object"]["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("containers");
+    let mut policy = Policy::default();
+    policy.mutation.metrics_sidecar.mode = SidecarMode::Classic;
+    let object = assert_patch_applies(&policy, &review);
+    assert_eq!(object["spec"]["containers"][0]["name"], "tollgate-metrics");
+
+    // The same with the native sidecar and no initContainers list, or a null one.
+    for absent in [None, Some(Value::Null)] {
+        let mut review = review.clone();
+        let spec = review["request"]["object"]["spec"].as_object_mut().unwrap();
+        spec.insert(
+            "containers".into(),
+            json!([{"name": "t", "image": "x",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]),
+        );
+        match &absent {
+            None => {
+                spec.remove("initContainers");
+            }
+            Some(v) => {
+                spec.insert("initContainers".into(), v.clone());
+            }
+        }
+        let object = assert_patch_applies(&Policy::default(), &review);
+        assert_eq!(
+            object["spec"]["initContainers"][0]["name"],
+            "tollgate-metrics"
+        );
+    }
+}
+
+/// quantity, crash-782fd718: leading zeros let a 40-digit input parse to a value whose
+/// canonical text has 31 digits, which the 30-digit guard then refused: tollgate could
+/// write a limit (a per-GPU product, say) that it could not read back.
+#[test]
+fn formatted_quantities_parse_back() {
+    use tollgate::quantity::{format, format_for, parse};
+    for input in [
+        "0000000000009950999000000000000000900019.5",
+        "9950999000000000000000900019500m",
+        "170141183460469231731",
+        "170141183460469231731.687303715",
+    ] {
+        let n = parse(input).unwrap_or_else(|e| panic!("{input}: {e}"));
+        for text in [format(n), format_for("cpu", n), format_for("memory", n)] {
+            assert_eq!(parse(&text), Ok(n), "{input} -> {n} -> {text}");
+        }
+    }
+}
+
+/// Found while fixing the above: rounding a fine fraction up added the divisor before
+/// dividing, which overflowed (a panic with overflow checks, a negative quantity without)
+/// for values near the top of the range.
+#[test]
+fn rounding_up_near_the_top_does_not_overflow() {
+    use tollgate::quantity::parse;
+    // (2^67 - 1) * 2^60 * 10^-28 units: just below i128::MAX before the division by 10^19.
+    let n = parse("0.0000000147573952589676412927Ei").unwrap();
+    let scaled: i128 = ((1i128 << 67) - 1) << 60;
+    let d = 10i128.pow(19);
+    assert_eq!(n, scaled / d + 1);
+    assert!(n > 0);
+}
