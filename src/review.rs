@@ -163,7 +163,15 @@ pub fn review_bytes(
             let req: AdmissionRequest<Pod> =
                 review.try_into().map_err(|_| ReviewError::NoRequest)?;
             let mut reviewed = review_request(endpoint, policy, &req);
-            if reviewed.patch.is_some() {
+            // Along every path a mutation patches, the typed model tells an absent or null
+            // field from an empty one, except for the two it requires: `metadata` and
+            // `spec.containers`. Only when one of them reads as empty can the patch name a
+            // parent the sent object lacks, so only then is the body read a second time.
+            let ambiguous = req.object.as_ref().is_some_and(|p| {
+                p.metadata == Default::default()
+                    || p.spec.as_ref().is_some_and(|s| s.containers.is_empty())
+            });
+            if reviewed.patch.is_some() && ambiguous {
                 anchor_to_sent_object(&mut reviewed, body);
             }
             Ok(reviewed)

@@ -102,3 +102,71 @@ fn rounding_up_near_the_top_does_not_overflow() {
     assert_eq!(n, scaled / d + 1);
     assert!(n > 0);
 }
+
+/// Every field of a real training pod, removed or set to null in turn: whatever tollgate
+/// patches must apply to the object as sent. This is what lets the engine re-read the body
+/// only for pods whose containers read as empty (see `review_bytes`).
+#[test]
+fn patches_apply_with_any_field_absent_or_null() {
+    fn paths(v: &Value, at: String, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, child) in m {
+                    let p = format!("{at}/{}", k.replace('~', "~0").replace('/', "~1"));
+                    out.push(p.clone());
+                    paths(child, p, out);
+                }
+            }
+            Value::Array(a) => {
+                for (i, child) in a.iter().enumerate() {
+                    paths(child, format!("{at}/{i}"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut policy = Policy::default();
+    policy.gpu.all_extended_resources = true;
+    let mut classic = policy.clone();
+    classic.mutation.metrics_sidecar.mode = SidecarMode::Classic;
+    for fixture in [
+        "resnet50-worker-generatename.mutate.json",
+        "resnet50-master-0.mutate.json",
+    ] {
+        let review: Value = serde_json::from_slice(&common::fixture(fixture)).unwrap();
+        let mut all = vec![];
+        paths(&review["request"]["object"], String::new(), &mut all);
+        assert!(all.len() > 50, "{fixture}: {} paths", all.len());
+        for path in &all {
+            for null in [false, true] {
+                let mut r = review.clone();
+                let object = &mut r["request"]["object"];
+                let (parent, key) = path.rsplit_once('/').unwrap();
+                match object.pointer_mut(parent) {
+                    Some(Value::Object(m)) if null => {
+                        m.insert(key.replace("~1", "/").replace("~0", "~"), Value::Null);
+                    }
+                    Some(Value::Object(m)) => {
+                        m.remove(&key.replace("~1", "/").replace("~0", "~"));
+                    }
+                    _ => continue,
+                }
+                for p in [&policy, &classic] {
+                    let body = serde_json::to_vec(&r).unwrap();
+                    let Ok(reviewed) = review_bytes(Endpoint::Mutate, p, &body) else {
+                        continue;
+                    };
+                    if let Some(patch) = reviewed.patch {
+                        let mut sent = r["request"]["object"].clone();
+                        if let Err(e) = json_patch::patch(&mut sent, &patch) {
+                            panic!(
+                                "{fixture}: with {path} {}: {e}",
+                                if null { "null" } else { "absent" }
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
