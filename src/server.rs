@@ -383,6 +383,46 @@ impl Running {
 
 /// Binds the sockets and starts serving in the background.
 pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
+    start_with(opts, router).await
+}
+
+/// The benchmarks' floor: the same TLS, HTTP and connection handling as [`start`], but the
+/// review routes read the body and answer a constant allowed review without parsing it.
+/// What tollgate costs beyond this is its own doing (`tollgate serve --floor`, hidden).
+pub async fn start_floor(opts: ServeOptions) -> anyhow::Result<Running> {
+    start_with(opts, floor_router).await
+}
+
+/// The floor's routes: [`router`] with the review handler replaced by a constant answer.
+pub fn floor_router(state: Arc<AppState>) -> Router {
+    async fn constant(State(s): State<Arc<AppState>>, req: Request) -> Response {
+        if req.method() != Method::POST {
+            return wrong_method(req.method(), "POST");
+        }
+        match read_body(&s.limits, req).await {
+            Ok(_) => (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                &br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":true}}"#[..],
+            )
+                .into_response(),
+            Err(resp) => resp,
+        }
+    }
+    Router::new()
+        .route("/mutate", any(constant))
+        .route("/validate", any(constant))
+        .route("/healthz", any(healthz))
+        .route("/readyz", any(readyz))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// Binds the sockets and serves `app(state)` behind TLS in the background.
+async fn start_with(
+    opts: ServeOptions,
+    app: fn(Arc<AppState>) -> Router,
+) -> anyhow::Result<Running> {
     let active = load_policy(&opts.policy_path).map_err(anyhow::Error::msg)?;
     let certs = Arc::new(CertStore::open(&opts.cert_path, &opts.key_path)?);
     let tls = crate::tls::server_config(certs.clone(), opts.client_ca.as_deref())?;
@@ -410,6 +450,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let done = tokio::spawn(run(
         opts,
+        app(state.clone()),
         listener,
         metrics_listener,
         acceptor,
@@ -428,8 +469,10 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run(
     opts: ServeOptions,
+    app: Router,
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
     acceptor: TlsAcceptor,
@@ -453,7 +496,6 @@ async fn run(
         })
     });
 
-    let app = router(state.clone());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(opts.limits.max_connections.max(1)));
     let mut builder = auto::Builder::new(TokioExecutor::new());
