@@ -25,6 +25,10 @@ use serde_json::{json, Value};
 use tollgate::policy::Policy;
 use tollgate::review::{review_bytes, Endpoint};
 
+/// The allocator of the tollgate binary (src/main.rs), so that times are the server's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
