@@ -334,10 +334,16 @@ fn mutate_pod(
         out.steps = outcome.applied;
         if !patch.0.is_empty() {
             out.result = Result::Patched;
-            match out.response.clone().with_patch(patch.clone()) {
+            // AdmissionResponse::with_patch takes the response and the patch by value; rather
+            // than copying both, move the response out and let it set the (private) patch
+            // type with an empty patch, then put the serialised patch in.
+            let response = std::mem::replace(&mut out.response, AdmissionResponse::invalid(""));
+            match response.with_patch(json_patch::Patch::default()) {
                 Ok(r) => out.response = r,
                 Err(_) => unreachable!("a JSON patch always serialises"),
             }
+            out.response.patch =
+                Some(serde_json::to_vec(&patch).expect("a JSON patch always serialises"));
             out.patch = Some(patch);
         }
     }
