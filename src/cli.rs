@@ -93,6 +93,10 @@ pub struct ServeArgs {
     /// Then: how long in-flight requests may take before the server exits anyway (ms).
     #[arg(long, default_value_t = 8000)]
     pub drain_timeout_ms: u64,
+    /// Benchmarks only: answer every review with a constant "allowed" without reading it,
+    /// over the same TLS and HTTP stack (the floor of benches/load.rs).
+    #[arg(long, hide = true)]
+    pub floor: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -252,7 +256,11 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         let signal = server::shutdown_signal()?;
-        let running = server::start(opts).await?;
+        let running = if a.floor {
+            server::start_floor(opts).await?
+        } else {
+            server::start(opts).await?
+        };
         if a.dev {
             let port = running.addr.port();
             eprintln!(

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::admission::{self, AdmissionRequest, AdmissionResponse, AdmissionReview};
 use kube::core::{DynamicObject, Status};
 use serde_json::Value;
@@ -421,19 +422,23 @@ fn mutate_pod(
     }
     out.opt_out = Some(opt_out);
     if mutate::is_training_pod(policy, pod) {
-        let mut mutated = pod.clone();
-        let before = serde_json::to_value(pod).unwrap_or(Value::Null);
+        let mut mutated = copy_for_mutation(pod);
         let outcome = mutate::mutate(policy, &mut mutated);
-        let after = serde_json::to_value(&mutated).unwrap_or(Value::Null);
-        let patch = json_patch::diff(&before, &after);
+        let patch = diff_pods(pod, &mutated);
         warnings.extend(outcome.warnings);
         out.steps = outcome.applied;
         if !patch.0.is_empty() {
             out.result = Result::Patched;
-            match out.response.clone().with_patch(patch.clone()) {
+            // AdmissionResponse::with_patch takes the response and the patch by value; rather
+            // than copying both, move the response out and let it set the (private) patch
+            // type with an empty patch, then put the serialised patch in.
+            let response = std::mem::replace(&mut out.response, AdmissionResponse::invalid(""));
+            match response.with_patch(json_patch::Patch::default()) {
                 Ok(r) => out.response = r,
                 Err(_) => unreachable!("a JSON patch always serialises"),
             }
+            out.response.patch =
+                Some(serde_json::to_vec(&patch).expect("a JSON patch always serialises"));
             out.patch = Some(patch);
         }
     }
@@ -464,4 +469,195 @@ fn validate_pod(
         out.response.warnings = Some(d.warnings);
     }
     out.response.audit_annotations = d.audit_annotations.into_iter().collect();
+}
+
+/// The pod the mutation steps work on: a copy of `pod` without `managedFields`, which the
+/// steps never read and which is the largest part of what the apiserver sends (copying it
+/// cost more than the steps). [`diff_pods`] relies on it staying `None`.
+fn copy_for_mutation(pod: &Pod) -> Pod {
+    // Spelled out, without `..`, so that a field added to ObjectMeta is a compile error here.
+    let ObjectMeta {
+        annotations,
+        creation_timestamp,
+        deletion_grace_period_seconds,
+        deletion_timestamp,
+        finalizers,
+        generate_name,
+        generation,
+        labels,
+        managed_fields: _,
+        name,
+        namespace,
+        owner_references,
+        resource_version,
+        self_link,
+        uid,
+    } = &pod.metadata;
+    Pod {
+        metadata: ObjectMeta {
+            annotations: annotations.clone(),
+            creation_timestamp: creation_timestamp.clone(),
+            deletion_grace_period_seconds: *deletion_grace_period_seconds,
+            deletion_timestamp: deletion_timestamp.clone(),
+            finalizers: finalizers.clone(),
+            generate_name: generate_name.clone(),
+            generation: *generation,
+            labels: labels.clone(),
+            managed_fields: None,
+            name: name.clone(),
+            namespace: namespace.clone(),
+            owner_references: owner_references.clone(),
+            resource_version: resource_version.clone(),
+            self_link: self_link.clone(),
+            uid: uid.clone(),
+        },
+        spec: pod.spec.clone(),
+        status: pod.status.clone(),
+    }
+}
+
+/// The JSON patch from `before` (the pod as sent) to `after` ([`copy_for_mutation`] of it,
+/// mutated): `json_patch::diff` of their JSON documents, as always.
+///
+/// The steps only write `metadata.annotations` and `spec`. When everything else is equal
+/// (checked here, on the typed values), the diff of the two full documents is the diff of
+/// two documents holding only those parts: equal subtrees yield no operation, and
+/// `json_patch::diff` visits object keys in the same sorted order either way, so the
+/// operations and their order are the same. Converting only those parts to JSON, and
+/// nothing at all when they are equal, is most of what a review used to cost.
+fn diff_pods(before: &Pod, after: &Pod) -> json_patch::Patch {
+    let only_annotations_and_spec = after.metadata.managed_fields.is_none()
+        && before.status == after.status
+        && metadata_equal_but_annotations(&before.metadata, &after.metadata);
+    if !only_annotations_and_spec {
+        // Not what the steps do today: the general way, over the full documents.
+        return full_diff(before, after);
+    }
+    if before.metadata.annotations == after.metadata.annotations && before.spec == after.spec {
+        return json_patch::Patch::default();
+    }
+    match (mutable_parts(before), mutable_parts(after)) {
+        (Ok(b), Ok(a)) => json_patch::diff(&b, &a),
+        // Serialising a pod does not fail; if it ever did, answer as the full diff would.
+        _ => full_diff(before, after),
+    }
+}
+
+/// The diff of the two full documents, with the managed fields `after` was copied without.
+fn full_diff(before: &Pod, after: &Pod) -> json_patch::Patch {
+    let mut after = after.clone();
+    if after.metadata.managed_fields.is_none() {
+        after.metadata.managed_fields = before.metadata.managed_fields.clone();
+    }
+    let before = serde_json::to_value(before).unwrap_or(Value::Null);
+    let after = serde_json::to_value(&after).unwrap_or(Value::Null);
+    json_patch::diff(&before, &after)
+}
+
+/// `{"metadata": {"annotations": ..}, "spec": ..}` with what the pod has of those, exactly
+/// as they appear in `serde_json::to_value(pod)` (absent when `None`).
+fn mutable_parts(pod: &Pod) -> serde_json::Result<Value> {
+    let mut metadata = serde_json::Map::new();
+    if let Some(a) = &pod.metadata.annotations {
+        metadata.insert("annotations".into(), serde_json::to_value(a)?);
+    }
+    let mut doc = serde_json::Map::new();
+    doc.insert("metadata".into(), Value::Object(metadata));
+    if let Some(spec) = &pod.spec {
+        doc.insert("spec".into(), serde_json::to_value(spec)?);
+    }
+    Ok(Value::Object(doc))
+}
+
+/// Whether two ObjectMetas are equal in everything but `annotations` and `managedFields`
+/// (the caller has checked that the mutated copy never got managed fields).
+fn metadata_equal_but_annotations(a: &ObjectMeta, b: &ObjectMeta) -> bool {
+    let ObjectMeta {
+        annotations: _,
+        creation_timestamp,
+        deletion_grace_period_seconds,
+        deletion_timestamp,
+        finalizers,
+        generate_name,
+        generation,
+        labels,
+        managed_fields: _,
+        name,
+        namespace,
+        owner_references,
+        resource_version,
+        self_link,
+        uid,
+    } = a;
+    *creation_timestamp == b.creation_timestamp
+        && *deletion_grace_period_seconds == b.deletion_grace_period_seconds
+        && *deletion_timestamp == b.deletion_timestamp
+        && *finalizers == b.finalizers
+        && *generate_name == b.generate_name
+        && *generation == b.generation
+        && *labels == b.labels
+        && *name == b.name
+        && *namespace == b.namespace
+        && *owner_references == b.owner_references
+        && *resource_version == b.resource_version
+        && *self_link == b.self_link
+        && *uid == b.uid
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The patch equals the plain diff of the full documents, managed fields and all.
+    #[test]
+    fn diff_pods_is_the_full_diff() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(root.join("policies/default.yaml")).unwrap();
+        let policy = Policy::from_text("default.yaml", &text).unwrap();
+        let dir = root.join("tests/fixtures/apiserver-v1.36");
+        let mut patched = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let body = std::fs::read(entry.unwrap().path()).unwrap();
+            let v: Value = serde_json::from_slice(&body).unwrap();
+            for key in ["/request/object", "/request/oldObject"] {
+                let Some(o) = v.pointer(key).filter(|o| !o.is_null()) else {
+                    continue;
+                };
+                let pod: Pod = serde_json::from_value(o.clone()).unwrap();
+                let mut full = pod.clone();
+                mutate::mutate(&policy, &mut full);
+                let mut mutated = copy_for_mutation(&pod);
+                mutate::mutate(&policy, &mut mutated);
+                let expected = json_patch::diff(
+                    &serde_json::to_value(&pod).unwrap(),
+                    &serde_json::to_value(&full).unwrap(),
+                );
+                assert_eq!(diff_pods(&pod, &mutated), expected);
+                assert_eq!(full_diff(&pod, &mutated), expected);
+                patched += usize::from(!expected.0.is_empty());
+            }
+        }
+        assert!(patched > 3, "the fixtures exercise the patch: {patched}");
+    }
+
+    /// Outside annotations and spec, the general diff takes over.
+    #[test]
+    fn diff_pods_falls_back_for_other_changes() {
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("a".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut other = copy_for_mutation(&pod);
+        other.metadata.labels = Some([("k".to_owned(), "v".to_owned())].into());
+        let expected = json_patch::diff(
+            &serde_json::to_value(&pod).unwrap(),
+            &serde_json::to_value(&other).unwrap(),
+        );
+        assert_eq!(expected.0.len(), 1);
+        assert_eq!(diff_pods(&pod, &other), expected);
+        assert!(diff_pods(&pod, &copy_for_mutation(&pod)).0.is_empty());
+    }
 }

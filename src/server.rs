@@ -475,6 +475,46 @@ impl Running {
 
 /// Binds the sockets and starts serving in the background.
 pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
+    start_with(opts, router).await
+}
+
+/// The benchmarks' floor: the same TLS, HTTP and connection handling as [`start`], but the
+/// review routes read the body and answer a constant allowed review without parsing it.
+/// What tollgate costs beyond this is its own doing (`tollgate serve --floor`, hidden).
+pub async fn start_floor(opts: ServeOptions) -> anyhow::Result<Running> {
+    start_with(opts, floor_router).await
+}
+
+/// The floor's routes: [`router`] with the review handler replaced by a constant answer.
+pub fn floor_router(state: Arc<AppState>) -> Router {
+    async fn constant(State(s): State<Arc<AppState>>, req: Request) -> Response {
+        if req.method() != Method::POST {
+            return wrong_method(req.method(), "POST");
+        }
+        match read_body(&s.limits, req).await {
+            Ok(_) => (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                &br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":true}}"#[..],
+            )
+                .into_response(),
+            Err(resp) => resp,
+        }
+    }
+    Router::new()
+        .route("/mutate", any(constant))
+        .route("/validate", any(constant))
+        .route("/healthz", any(healthz))
+        .route("/readyz", any(readyz))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// Binds the sockets and serves `app(state)` behind TLS in the background.
+async fn start_with(
+    opts: ServeOptions,
+    app: fn(Arc<AppState>) -> Router,
+) -> anyhow::Result<Running> {
     let policy_bytes = std::fs::read(&opts.policy_path)
         .map_err(|e| anyhow::anyhow!("{}: {e}", opts.policy_path.display()))?;
     let active = policy_from_bytes(&opts.policy_path, &policy_bytes).map_err(anyhow::Error::msg)?;
@@ -505,6 +545,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
     let done = tokio::spawn(run(
         opts,
         policy_bytes,
+        app(state.clone()),
         listener,
         metrics_listener,
         acceptor,
@@ -528,6 +569,7 @@ pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
 async fn run(
     opts: ServeOptions,
     policy_bytes: Vec<u8>,
+    app: Router,
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
     acceptor: TlsAcceptor,
@@ -552,7 +594,6 @@ async fn run(
         })
     });
 
-    let app = router(state.clone());
     // Connections are counted by the slots they hold: draining waits for every slot back.
     let max_connections = opts.limits.max_connections.clamp(1, u32::MAX as usize >> 3);
     let slots = Arc::new(Semaphore::new(max_connections));

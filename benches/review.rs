@@ -1,0 +1,204 @@
+//! The review path, without HTTP: parse the AdmissionReview, decide, compute the patch and
+//! write the response (`review_bytes(..)` + `to_json()`), for every shared apiserver fixture
+//! and for a large training pod built here.
+//!
+//! ```text
+//! cargo bench --bench review                    # every case
+//! cargo bench --bench review -- worker          # cases whose name contains "worker"
+//! ```
+//!
+//! For instruction counts (stable on a busy machine), run one case in a plain loop under
+//! callgrind instead of criterion:
+//!
+//! ```text
+//! TOLLGATE_BENCH_LOOP=large.mutate:1000 valgrind --tool=callgrind \
+//!     $(ls -t $CARGO_TARGET_DIR/release/deps/review-* | grep -v '\.d$' | head -1)
+//! ```
+//!
+//! See benches/README.md.
+
+use std::hint::black_box;
+use std::path::PathBuf;
+
+use criterion::{criterion_group, Criterion};
+use serde_json::{json, Value};
+use tollgate::policy::Policy;
+use tollgate::review::{review_bytes, Endpoint};
+
+/// The allocator of the tollgate binary (src/main.rs), so that times are the server's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn policy() -> Policy {
+    let path = root().join("policies/default.yaml");
+    let text = std::fs::read_to_string(&path).expect("policies/default.yaml");
+    Policy::from_text(&path.display().to_string(), &text).expect("the shipped policy loads")
+}
+
+/// One benchmark case: a name, the endpoint it goes to and the request body.
+struct Case {
+    name: String,
+    endpoint: Endpoint,
+    body: Vec<u8>,
+}
+
+/// The shared apiserver fixtures, each sent to the endpoint its name says.
+fn fixture_cases() -> Vec<Case> {
+    let dir = root().join("tests/fixtures/apiserver-v1.36");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("fixtures")
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|file| {
+            let name = file.trim_end_matches(".json").to_owned();
+            let endpoint = if name.ends_with(".mutate") {
+                Endpoint::Mutate
+            } else {
+                Endpoint::Validate
+            };
+            let body = std::fs::read(dir.join(&file)).unwrap();
+            Case {
+                name,
+                endpoint,
+                body,
+            }
+        })
+        .collect()
+}
+
+/// A large training pod: 8 containers and 3 init containers with 40 environment variables
+/// and 10 volume mounts each, every container asking for a GPU and none with limits or
+/// tolerations, so that every mutation step has work to do.
+pub fn large_pod() -> Value {
+    let container = |prefix: &str, i: usize| {
+        let env: Vec<Value> = (0..40)
+            .map(|e| json!({"name": format!("VAR_{e}"), "value": format!("value-{i}-{e}")}))
+            .collect();
+        let mounts: Vec<Value> = (0..10)
+            .map(|m| json!({"name": format!("data-{m}"), "mountPath": format!("/data/{m}")}))
+            .collect();
+        json!({
+            "name": format!("{prefix}-{i}"),
+            "image": "registry.example.com/ml/resnet50-train:2.4",
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["python", "-m", "train", "--epochs", "90"],
+            "env": env,
+            "volumeMounts": mounts,
+            "resources": {"requests": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "1"}},
+            "terminationMessagePath": "/dev/termination-log",
+            "terminationMessagePolicy": "File"
+        })
+    };
+    let volumes: Vec<Value> = (0..10)
+        .map(|m| json!({"name": format!("data-{m}"), "emptyDir": {}}))
+        .collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "large-worker-",
+            "namespace": "ml",
+            "labels": {"app": "large"},
+            "annotations": {"example.com/owner": "ml-platform"}
+        },
+        "spec": {
+            "initContainers": (0..3).map(|i| container("init", i)).collect::<Vec<_>>(),
+            "containers": (0..8).map(|i| container("worker", i)).collect::<Vec<_>>(),
+            "volumes": volumes,
+            "restartPolicy": "OnFailure",
+            "dnsPolicy": "ClusterFirst",
+            "schedulerName": "default-scheduler",
+            "terminationGracePeriodSeconds": 30
+        }
+    })
+}
+
+fn large_cases() -> Vec<Case> {
+    let review = tollgate::cli::synthetic_review(&large_pod(), Some("ml"), "alice", &[]);
+    let body = serde_json::to_vec(&review).unwrap();
+    vec![
+        Case {
+            name: "large.mutate".into(),
+            endpoint: Endpoint::Mutate,
+            body: body.clone(),
+        },
+        Case {
+            name: "large.validate".into(),
+            endpoint: Endpoint::Validate,
+            body,
+        },
+    ]
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = fixture_cases();
+    v.extend(large_cases());
+    v
+}
+
+/// Everything the server does for one review between reading the body and writing it.
+fn review_once(policy: &Policy, case: &Case) -> Vec<u8> {
+    let reviewed = review_bytes(case.endpoint, policy, black_box(&case.body)).expect("a review");
+    reviewed.to_json()
+}
+
+fn bench_review(c: &mut Criterion) {
+    let policy = policy();
+    let mut group = c.benchmark_group("review");
+    for case in cases() {
+        // The large mutate case must really run every step: its patch touches every part.
+        if case.name == "large.mutate" {
+            let r = review_bytes(case.endpoint, &policy, &case.body).unwrap();
+            assert_eq!(
+                r.steps.len(),
+                tollgate::mutate::Step::ALL.len(),
+                "the large pod must go through every mutation step: {:?}",
+                r.steps
+            );
+        }
+        group.bench_function(&case.name, |b| b.iter(|| review_once(&policy, &case)));
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(std::time::Duration::from_millis(500))
+        .measurement_time(std::time::Duration::from_secs(2));
+    targets = bench_review
+}
+
+/// `TOLLGATE_BENCH_LOOP=NAME:N` runs case NAME N times and exits, for callgrind or perf.
+fn plain_loop(spec: &str) {
+    let (name, n) = spec.split_once(':').unwrap_or((spec, "1000"));
+    let n: u64 = n.parse().expect("TOLLGATE_BENCH_LOOP=NAME:COUNT");
+    let policy = policy();
+    let all = cases();
+    let case = all.iter().find(|c| c.name == name).unwrap_or_else(|| {
+        let names: Vec<&str> = all.iter().map(|c| c.name.as_str()).collect();
+        panic!("no case {name:?}; cases: {names:?}")
+    });
+    let mut bytes = 0usize;
+    for _ in 0..n {
+        bytes += black_box(review_once(&policy, case)).len();
+    }
+    println!("{name}: {n} reviews, {bytes} response bytes");
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var("TOLLGATE_BENCH_LOOP") {
+        plain_loop(&spec);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
