@@ -13,7 +13,8 @@
 //! `--servers tollgate,floor`, `--rounds R` (1; with more, servers alternate and medians
 //! are reported), `--client-threads N` (2), `--fixture FILE` (under
 //! tests/fixtures/apiserver-v1.36/, default resnet50-worker-generatename.mutate.json),
-//! `--max-requests N` per run (5,000,000). Set `TOKIO_WORKER_THREADS` to change the
+//! `--max-requests N` per run (5,000,000), `--baseline PATH` another tollgate binary to run
+//! alongside (e.g. a build of an older commit). Set `TOKIO_WORKER_THREADS` to change the
 //! server's worker count. Traffic goes to 127.0.0.1 only; every run stops by itself.
 //!
 //! See benches/README.md.
@@ -48,6 +49,7 @@ struct Opts {
     client_threads: usize,
     fixture: String,
     max_requests: u64,
+    baseline: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +71,8 @@ impl Proto {
 enum Server {
     Tollgate,
     Floor,
+    /// Another build of tollgate (`--baseline PATH`), to compare before and after.
+    Baseline,
 }
 
 impl Server {
@@ -76,6 +80,7 @@ impl Server {
         match self {
             Server::Tollgate => "tollgate",
             Server::Floor => "floor",
+            Server::Baseline => "baseline",
         }
     }
 }
@@ -97,6 +102,7 @@ fn parse_args() -> Opts {
         client_threads: 2,
         fixture: "resnet50-worker-generatename.mutate.json".into(),
         max_requests: 5_000_000,
+        baseline: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -117,6 +123,7 @@ fn parse_args() -> Opts {
             "--client-threads" => o.client_threads = num(value()) as usize,
             "--max-requests" => o.max_requests = num(value()) as u64,
             "--fixture" => o.fixture = value(),
+            "--baseline" => o.baseline = Some(PathBuf::from(value())),
             "--protocols" => {
                 o.protocols = value()
                     .split(',')
@@ -133,7 +140,8 @@ fn parse_args() -> Opts {
                     .map(|p| match p {
                         "tollgate" => Server::Tollgate,
                         "floor" => Server::Floor,
-                        _ => usage(&format!("unknown server {p:?} (tollgate, floor)")),
+                        "baseline" => Server::Baseline,
+                        _ => usage(&format!("unknown server {p:?} (tollgate, floor, baseline)")),
                     })
                     .collect()
             }
@@ -141,6 +149,9 @@ fn parse_args() -> Opts {
             "--bench" => {}
             _ => usage(&format!("unknown argument {a:?}")),
         }
+    }
+    if o.baseline.is_some() && !o.servers.contains(&Server::Baseline) {
+        o.servers.push(Server::Baseline);
     }
     if o.concurrency == 0 || o.streams == 0 || o.rounds == 0 || o.client_threads == 0 {
         usage("counts must be at least 1");
@@ -163,14 +174,19 @@ struct ServerProcess {
 }
 
 impl ServerProcess {
-    fn start(kind: Server, dir: &Path) -> ServerProcess {
+    fn start(kind: Server, dir: &Path, baseline: Option<&Path>) -> ServerProcess {
         // A free port: bind, note it and let it go (the server binds it right after).
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free loopback port")
             .port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        let bin = match (kind, baseline) {
+            (Server::Baseline, Some(b)) => b.to_owned(),
+            (Server::Baseline, None) => usage("--servers baseline needs --baseline PATH"),
+            _ => PathBuf::from(env!("CARGO_BIN_EXE_tollgate")),
+        };
+        let mut cmd = Command::new(bin);
         cmd.arg("serve")
             .arg("--policy")
             .arg(root().join("policies/default.yaml"))
@@ -400,7 +416,7 @@ fn run_one(
     body: &Bytes,
     path: &str,
 ) -> RunResult {
-    let server = ServerProcess::start(kind, dir);
+    let server = ServerProcess::start(kind, dir, o.baseline.as_deref());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(o.client_threads)
         .enable_all()
@@ -423,7 +439,7 @@ fn run_one(
                 "{}: {v}",
                 kind.as_str()
             );
-            if kind == Server::Tollgate && path == "/mutate" {
+            if kind != Server::Floor && path == "/mutate" {
                 assert!(
                     v.pointer("/response/patch").is_some(),
                     "tollgate must patch the fixture: {v}"
@@ -641,14 +657,17 @@ fn main() {
             combined.push((*kind, r));
         }
         let get = |k: Server| combined.iter().find(|(s, _)| *s == k).map(|x| &x.1);
-        if let (Some(t), Some(f)) = (get(Server::Tollgate), get(Server::Floor)) {
-            println!(
-                "{:<6} tollgate/floor: throughput {:.2} (target >= 0.80), p99 {:.2} (target <= 1.25), server CPU per request {:.2}",
-                proto.as_str(),
-                t.rps / f.rps,
-                t.p99 / f.p99,
-                t.cpu_us_per_req / f.cpu_us_per_req,
-            );
+        for kind in [Server::Baseline, Server::Tollgate] {
+            if let (Some(t), Some(f)) = (get(kind), get(Server::Floor)) {
+                println!(
+                    "{:<6} {}/floor: throughput {:.2} (target >= 0.80), p99 {:.2} (target <= 1.25), server CPU per request {:.2}",
+                    proto.as_str(),
+                    kind.as_str(),
+                    t.rps / f.rps,
+                    t.p99 / f.p99,
+                    t.cpu_us_per_req / f.cpu_us_per_req,
+                );
+            }
         }
     }
     if failed {
