@@ -590,6 +590,15 @@ impl Policy {
         if let Err(msg) = check_dns_label(&s.container.name) {
             return Err(PolicyError::field(source, format!("{f}.name"), msg));
         }
+        // The mode decides where the sidecar goes; a restartPolicy in the template would
+        // contradict it (a regular container may not carry one without a feature gate).
+        if s.container.restart_policy.is_some() {
+            return Err(PolicyError::field(
+                source,
+                format!("{f}.restartPolicy"),
+                "set by tollgate from `mode` (native: Always in initContainers); remove it",
+            ));
+        }
         if s.container.image.as_deref().unwrap_or("").is_empty() {
             return Err(PolicyError::field(
                 source,
@@ -774,6 +783,10 @@ mod tests {
                 "mutation.defaultResources.limits.cpu",
             ),
             ("gpu:\n  resources: [gpu]\n", "gpu.resources[0]"),
+            (
+                "mutation:\n  metricsSidecar:\n    mode: classic\n    container:\n      name: m\n      image: i\n      restartPolicy: Always\n",
+                "mutation.metricsSidecar.container.restartPolicy",
+            ),
             (
                 "mutation:\n  gpuTolerations:\n    effect: Never\n",
                 "mutation.gpuTolerations.effect",
