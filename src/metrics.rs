@@ -63,6 +63,8 @@ pub struct Metrics {
     pub denials: Family<ReasonLabels, Counter>,
     pub opt_outs: Family<OptOutLabels, Counter>,
     pub policy_reloads: Family<ResultLabels, Counter>,
+    /// 1 while the policy file on disk is rejected (or unreadable) and an older one is in force.
+    pub policy_rejected: Gauge,
     pub cert_reloads: Family<ResultLabels, Counter>,
     pub policy_info: Family<HashLabels, Gauge>,
     pub cert_expiry: Gauge<i64, AtomicI64>,
@@ -92,6 +94,7 @@ impl Metrics {
         let denials = Family::<ReasonLabels, Counter>::default();
         let opt_outs = Family::<OptOutLabels, Counter>::default();
         let policy_reloads = Family::<ResultLabels, Counter>::default();
+        let policy_rejected = Gauge::default();
         let cert_reloads = Family::<ResultLabels, Counter>::default();
         let policy_info = Family::<HashLabels, Gauge>::default();
         let cert_expiry = Gauge::<i64, AtomicI64>::default();
@@ -123,6 +126,11 @@ impl Metrics {
             policy_reloads.clone(),
         );
         registry.register(
+            "policy_file_rejected",
+            "1 while the policy file on disk is rejected or unreadable and the previous policy stays in force",
+            policy_rejected.clone(),
+        );
+        registry.register(
             "certificate_reloads",
             "Serving certificate reloads, by result (success, failure)",
             cert_reloads.clone(),
@@ -150,6 +158,7 @@ impl Metrics {
             denials,
             opt_outs,
             policy_reloads,
+            policy_rejected,
             cert_reloads,
             policy_info,
             cert_expiry,

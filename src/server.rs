@@ -827,6 +827,10 @@ async fn reload_loop(
                     .inc();
             }
         }
+        // A level, not an event: it stays up for as long as the bad file stays, which the
+        // once-per-content failure counter cannot show.
+        let rejected = policy.rejected.is_some() || policy.unreadable.is_some();
+        state.metrics.policy_rejected.set(i64::from(rejected));
         match certs.reload() {
             Ok(changed) => {
                 cert_seen = None;

@@ -77,6 +77,19 @@ async fn reloads(server: &net::TestServer, result: &str) -> f64 {
     .unwrap()
 }
 
+/// Waits (bounded) for the "policy file rejected" gauge to read `want`.
+async fn assert_rejected(server: &net::TestServer, want: f64) {
+    let mut got = None;
+    for _ in 0..100 {
+        got = scrape::value(&metrics(server).await, "tollgate_policy_file_rejected", &[]);
+        if got == Some(want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("tollgate_policy_file_rejected is {got:?}, expected {want}");
+}
+
 async fn policy_hashes(server: &net::TestServer) -> Vec<String> {
     metrics(server)
         .await
@@ -130,6 +143,7 @@ async fn configmap_symlink_swaps_reload_good_policies_and_reject_bad_ones() {
     assert_eq!(r["allowed"], false, "denied under enforce: {r}");
     let enforce_hash = policy_hashes(&server).await;
     assert_eq!(enforce_hash.len(), 1);
+    assert_rejected(&server, 0.0).await;
 
     // A valid new policy: the next review sees it.
     cm.update(&warn_policy());
@@ -151,6 +165,10 @@ async fn configmap_symlink_swaps_reload_good_policies_and_reject_bad_ones() {
     assert_eq!(ready(&mut c).await, 200);
     assert_eq!(policy_hashes(&server).await, warn_hash);
     assert_eq!(reloads(&server, "success").await, 1.0);
+    // Counted once, but flagged for as long as the bad file stays.
+    tokio::time::sleep(interval_margin()).await;
+    assert_eq!(reloads(&server, "failure").await, 1.0);
+    assert_rejected(&server, 1.0).await;
 
     // The good file back is the policy in force: nothing to reload, nothing to count.
     cm.update(&warn_policy());
@@ -158,6 +176,7 @@ async fn configmap_symlink_swaps_reload_good_policies_and_reject_bad_ones() {
     assert_eq!(reloads(&server, "success").await, 1.0);
     assert_eq!(reloads(&server, "failure").await, 1.0);
     assert_eq!(policy_hashes(&server).await, warn_hash);
+    assert_rejected(&server, 0.0).await;
 
     // The same bad file again is a new failure, reported again.
     cm.update(&broken_policy());
@@ -180,6 +199,7 @@ async fn a_policy_file_that_disappears_is_a_failure_and_the_policy_stays() {
     let mut c = Client::connect(server.addr(), &server.ca_pem, false).await;
     std::fs::remove_file(cm.dir.path().join("..data")).unwrap();
     wait_reloads(&server, "failure", 1.0).await;
+    assert_rejected(&server, 1.0).await;
     assert_eq!(ready(&mut c).await, 200);
     assert_eq!(validate(&mut c).await["allowed"], false);
     server.running.shutdown().await;
