@@ -43,17 +43,17 @@ pub fn containers(spec: &PodSpec) -> impl Iterator<Item = (ContainerKind, &Conta
         .chain(spec.containers.iter().map(|c| (ContainerKind::Regular, c)))
 }
 
-/// Mutable twin of [`containers`].
-pub fn containers_mut(spec: &mut PodSpec) -> impl Iterator<Item = (ContainerKind, &mut Container)> {
-    spec.init_containers
+/// Mutable twin of [`containers`], over the two lists rather than the whole spec, so that a
+/// step can hold other fields of the spec (volumes, pod-level resources) at the same time.
+pub fn containers_mut<'a>(
+    init_containers: &'a mut Option<Vec<Container>>,
+    containers: &'a mut [Container],
+) -> impl Iterator<Item = (ContainerKind, &'a mut Container)> {
+    init_containers
         .iter_mut()
         .flatten()
         .map(|c| (ContainerKind::of_init(c), c))
-        .chain(
-            spec.containers
-                .iter_mut()
-                .map(|c| (ContainerKind::Regular, c)),
-        )
+        .chain(containers.iter_mut().map(|c| (ContainerKind::Regular, c)))
 }
 
 /// The quantity a container asks for: its request, or its limit (the apiserver copies a
@@ -130,36 +130,33 @@ pub fn annotation_is_true(pod: &Pod, key: &str) -> bool {
 pub fn default_requests_from_limits(pod: &mut serde_json::Value) {
     use serde_json::Value;
     if let Some(Value::Object(res)) = pod.pointer_mut("/spec/resources") {
-        if let Some(Value::Object(limits)) = res.get("limits").cloned() {
-            let requests = res
-                .entry("requests")
-                .or_insert_with(|| Value::Object(Default::default()));
-            if let Value::Object(requests) = requests {
-                for (k, v) in limits {
-                    requests.entry(k).or_insert(v);
-                }
-            }
-        }
+        copy_limits_to_requests(res);
     }
     for list in ["initContainers", "containers"] {
         let Some(Value::Array(cs)) = pod.pointer_mut(&format!("/spec/{list}")) else {
             continue;
         };
         for c in cs {
-            let Some(Value::Object(res)) = c.get_mut("resources") else {
-                continue;
-            };
-            let Some(Value::Object(limits)) = res.get("limits").cloned() else {
-                continue;
-            };
-            let requests = res
-                .entry("requests")
-                .or_insert_with(|| Value::Object(Default::default()));
-            if let Value::Object(requests) = requests {
-                for (k, v) in limits {
-                    requests.entry(k).or_insert(v);
-                }
+            if let Some(Value::Object(res)) = c.get_mut("resources") {
+                copy_limits_to_requests(res);
             }
+        }
+    }
+}
+
+/// In one `resources` object (a container's or the pod's): every limit without a request
+/// becomes the request.
+fn copy_limits_to_requests(res: &mut serde_json::Map<String, serde_json::Value>) {
+    use serde_json::Value;
+    let Some(Value::Object(limits)) = res.get("limits").cloned() else {
+        return;
+    };
+    let requests = res
+        .entry("requests")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if let Value::Object(requests) = requests {
+        for (k, v) in limits {
+            requests.entry(k).or_insert(v);
         }
     }
 }

@@ -34,11 +34,7 @@ pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> boo
         ..
     } = spec;
     let pod_level = pod_level.as_ref();
-    let all = init_containers
-        .iter_mut()
-        .flatten()
-        .map(|c| (ContainerKind::of_init(c), c))
-        .chain(containers.iter_mut().map(|c| (ContainerKind::Regular, c)));
+    let all = crate::pod::containers_mut(init_containers, containers);
     let mut changed = false;
     for (kind, c) in all {
         let set = fill(policy, pod_level, c);

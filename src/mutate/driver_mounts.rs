@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
     Container, EnvVar, HostPathVolumeSource, Pod, PodSpec, Volume, VolumeMount,
 };
 
-use crate::pod::{asks_for_gpu_resource, ContainerKind};
+use crate::pod::asks_for_gpu_resource;
 use crate::policy::{EnvEntry, HostMount, IfPresent, Policy};
 
 pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
@@ -28,11 +28,7 @@ pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> boo
         volumes,
         ..
     } = spec;
-    let all = init_containers
-        .iter_mut()
-        .flatten()
-        .map(|c| (ContainerKind::of_init(c), c))
-        .chain(containers.iter_mut().map(|c| (ContainerKind::Regular, c)));
+    let all = crate::pod::containers_mut(init_containers, containers);
     let mut changed = false;
     // Our volume names the pod already uses for its own volume: warned about once per pod,
     // not once per container, since the user made one decision.
