@@ -31,6 +31,14 @@ pub fn decide(policy: &Policy, pod: &Pod, who: &Requester<'_>) -> OptOut {
     }
 }
 
+/// The audit annotation's value for an honoured opt-out: who, and where.
+pub fn audit_note(who: &Requester<'_>) -> String {
+    format!(
+        "honoured for user {:?} in namespace {:?}",
+        who.username, who.namespace
+    )
+}
+
 /// Whether this requester may opt out in this namespace; if not, why, in the user's words.
 pub fn permitted(policy: &Policy, who: &Requester<'_>) -> Result<(), String> {
     let rule = &policy.opt_out;

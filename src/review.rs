@@ -405,13 +405,8 @@ fn mutate_pod(
     let opt_out = optout::decide(policy, pod, who);
     match &opt_out {
         OptOut::Honoured => {
-            out.response.audit_annotations = HashMap::from([(
-                "opt-out".to_owned(),
-                format!(
-                    "honoured for user {:?} in namespace {:?}",
-                    who.username, who.namespace
-                ),
-            )]);
+            out.response.audit_annotations =
+                HashMap::from([("opt-out".to_owned(), optout::audit_note(who))]);
             out.opt_out = Some(opt_out);
             return;
         }
@@ -456,9 +451,7 @@ fn validate_pod(
 ) {
     let d = validate::validate(policy, pod, operation, who);
     out.verdict = Some(d.verdict);
-    if d.verdict != Verdict::Skipped {
-        out.opt_out = Some(optout::decide(policy, pod, who));
-    }
+    out.opt_out = d.opt_out;
     if !d.allowed {
         out.result = Result::Denied;
         out.response.allowed = false;

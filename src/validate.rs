@@ -23,6 +23,8 @@ pub struct Decision {
     pub warnings: Vec<String>,
     pub audit_annotations: BTreeMap<String, String>,
     pub verdict: Verdict,
+    /// The opt-out decision, when the pod was judged (for the logs and metrics).
+    pub opt_out: Option<OptOut>,
 }
 
 /// The one-word outcome, for metrics and logs.
@@ -57,6 +59,7 @@ impl Decision {
             warnings: vec![],
             audit_annotations: BTreeMap::new(),
             verdict,
+            opt_out: None,
         }
     }
 }
@@ -112,31 +115,30 @@ pub fn validate(policy: &Policy, pod: &Pod, operation: Operation, who: &Requeste
             "tollgate: pod {name:?} opted out ({}); its resource requests were not checked",
             policy.opt_out.annotation
         ));
-        d.audit_annotations.insert(
-            "opt-out".into(),
-            format!(
-                "honoured for user {:?} in namespace {:?}",
-                who.username, who.namespace
-            ),
-        );
+        d.audit_annotations
+            .insert("opt-out".into(), optout::audit_note(who));
+        d.opt_out = Some(opt_out);
         return d;
     }
     let missing = missing_requests(policy, pod);
     if missing.is_empty() {
-        return Decision::allow(Verdict::Passed);
+        let mut d = Decision::allow(Verdict::Passed);
+        d.opt_out = Some(opt_out);
+        return d;
     }
     let summary = missing
         .iter()
         .map(|m| format!("{} {}: {}", m.noun, m.container, m.resources.join(",")))
         .collect::<Vec<_>>()
         .join("; ");
-    match rule.mode {
+    let mut d = match rule.mode {
         Mode::Enforce => Decision {
             allowed: false,
             message: Some(denial_message(policy, &name, &missing, &opt_out, who)),
             warnings: vec![],
             audit_annotations: BTreeMap::new(),
             verdict: Verdict::MissingRequests,
+            opt_out: None,
         },
         Mode::Warn => {
             let mut d = Decision::allow(Verdict::MissingRequests);
@@ -165,7 +167,9 @@ pub fn validate(policy: &Policy, pod: &Pod, operation: Operation, who: &Requeste
                 .insert("missing-requests".into(), summary);
             d
         }
-    }
+    };
+    d.opt_out = Some(opt_out);
+    d
 }
 
 /// The text kubectl prints after "denied the request: ", for a data scientist to act on.
