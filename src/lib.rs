@@ -11,6 +11,7 @@ pub mod glob;
 pub mod metrics;
 pub mod mutate;
 pub mod optout;
+pub mod parse;
 pub mod pod;
 pub mod policy;
 pub mod quantity;

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::mutate::{self, Step};
 use crate::optout::{self, OptOut};
+use crate::parse;
 use crate::policy::{Operation, Policy};
 use crate::validate::{self, Verdict};
 
@@ -158,27 +159,44 @@ pub fn review_bytes(
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ReviewError::Empty);
     }
+    let shape = match endpoint {
+        Endpoint::Mutate => parse::Shape::Full,
+        Endpoint::Validate => parse::Shape::Validation,
+    };
+    if let Some(req) = parse::request(body, shape) {
+        return Ok(review_parsed(endpoint, policy, &req, body));
+    }
+    // The exact parse: slower, and what decides how a body that is not a review of a pod
+    // is answered.
     match serde_json::from_slice::<AdmissionReview<Pod>>(body) {
         Ok(review) => {
             check_envelope(&review.types.api_version, &review.types.kind)?;
             let req: AdmissionRequest<Pod> =
                 review.try_into().map_err(|_| ReviewError::NoRequest)?;
-            let mut reviewed = review_request(endpoint, policy, &req);
-            // Along every path a mutation patches, the typed model tells an absent or null
-            // field from an empty one, except for the two it requires: `metadata` and
-            // `spec.containers`. Only when one of them reads as empty can the patch name a
-            // parent the sent object lacks, so only then is the body read a second time.
-            let ambiguous = req.object.as_ref().is_some_and(|p| {
-                p.metadata == Default::default()
-                    || p.spec.as_ref().is_some_and(|s| s.containers.is_empty())
-            });
-            if reviewed.patch.is_some() && ambiguous {
-                anchor_to_sent_object(&mut reviewed, body);
-            }
-            Ok(reviewed)
+            Ok(review_parsed(endpoint, policy, &req, body))
         }
         Err(typed_err) => slow_path(endpoint, body, typed_err),
     }
+}
+
+fn review_parsed(
+    endpoint: Endpoint,
+    policy: &Policy,
+    req: &AdmissionRequest<Pod>,
+    body: &[u8],
+) -> Reviewed {
+    let mut reviewed = review_request(endpoint, policy, req);
+    // Along every path a mutation patches, the typed model tells an absent or null field
+    // from an empty one, except for the two it requires: `metadata` and `spec.containers`.
+    // Only when one of them reads as empty can the patch name a parent the sent object
+    // lacks, so only then is the body read a second time.
+    let ambiguous = req.object.as_ref().is_some_and(|p| {
+        p.metadata == Default::default() || p.spec.as_ref().is_some_and(|s| s.containers.is_empty())
+    });
+    if reviewed.patch.is_some() && ambiguous {
+        anchor_to_sent_object(&mut reviewed, body);
+    }
+    reviewed
 }
 
 /// The patch is computed on the typed pod, whose JSON can differ from the object the

@@ -1,0 +1,402 @@
+//! Reading an AdmissionReview of a Pod for what a review uses, and no more.
+//!
+//! Parsing the body is most of what a review costs. kube's `AdmissionReview<Pod>` reads
+//! every field: `metadata.managedFields` (the largest part of what the apiserver sends, as
+//! a `serde_json::Value` tree nothing reads), `oldObject` (a second pod on UPDATE), and for
+//! `/validate` the whole spec, of which validation judges the resources alone. The shapes
+//! here read the same JSON into the same typed `Pod`, skipping those parts without
+//! allocating.
+//!
+//! They are only ever a fast path: any body they cannot read (a malformed field, a
+//! duplicate key, an escape where a plain string was expected, another kind of object) goes
+//! through kube's full parse, so errors stay exactly what they were. The one difference
+//! is in what they skip: a body that the full parse would refuse only for a malformed
+//! `managedFields`, `oldObject` or `options` (or, on `/validate`, a malformed field outside
+//! what validation reads) is reviewed rather than refused. The apiserver never sends one:
+//! it decoded the object into its own types before calling.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::authentication::v1::UserInfo;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::core::admission::{AdmissionRequest, Operation};
+use kube::core::{GroupVersionKind, GroupVersionResource, TypeMeta};
+use serde::{Deserialize, Deserializer};
+
+/// How much of the pod to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// Everything but `metadata.managedFields` (and `oldObject`): what mutation needs to
+    /// compute a patch over the spec.
+    Full,
+    /// Metadata (without managedFields) and, of the spec, the containers' names, requests,
+    /// limits and restart policies and the pod-level resources: what validation and the
+    /// opt-out read. Every other field of the spec stays at its default.
+    Validation,
+}
+
+/// The request of an `admission.k8s.io/v1` AdmissionReview of a Pod, read in `shape`; None
+/// when the fast path cannot read it (the caller then takes the full parse).
+pub fn request(body: &[u8], shape: Shape) -> Option<AdmissionRequest<Pod>> {
+    match shape {
+        Shape::Full => read::<FullSpec, PodStatus>(body),
+        Shape::Validation => read::<ValidationSpec, Skipped>(body),
+    }
+}
+
+fn read<S, T>(body: &[u8]) -> Option<AdmissionRequest<Pod>>
+where
+    S: for<'de> Deserialize<'de> + Into<PodSpec>,
+    T: for<'de> Deserialize<'de> + Into<Option<PodStatus>>,
+{
+    let review: Review<S, T> = serde_json::from_slice(body).ok()?;
+    if review.api_version != "admission.k8s.io/v1" || review.kind != "AdmissionReview" {
+        return None;
+    }
+    let r = review.request?;
+    Some(AdmissionRequest {
+        types: TypeMeta {
+            api_version: review.api_version,
+            kind: review.kind,
+        },
+        uid: r.uid,
+        kind: r.kind,
+        resource: r.resource,
+        sub_resource: r.sub_resource,
+        request_kind: r.request_kind,
+        request_resource: r.request_resource,
+        request_sub_resource: r.request_sub_resource,
+        name: r.name,
+        namespace: r.namespace,
+        operation: r.operation,
+        user_info: r.user_info,
+        object: r.object.map(PodOf::into_pod),
+        old_object: None,
+        dry_run: r.dry_run,
+        options: None,
+    })
+}
+
+// Field for field kube's AdmissionReview and AdmissionRequest (with the same defaults),
+// without `response`, `oldObject` and `options`, which unknown-field skipping passes over.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Review<S, T> {
+    api_version: String,
+    kind: String,
+    request: Option<Request<S, T>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Request<S, T> {
+    uid: String,
+    kind: GroupVersionKind,
+    resource: GroupVersionResource,
+    #[serde(default)]
+    sub_resource: Option<String>,
+    #[serde(default)]
+    request_kind: Option<GroupVersionKind>,
+    #[serde(default)]
+    request_resource: Option<GroupVersionResource>,
+    #[serde(default)]
+    request_sub_resource: Option<String>,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    operation: Operation,
+    user_info: UserInfo,
+    object: Option<PodOf<S, T>>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// k8s-openapi's Pod: `apiVersion` and `kind`, when present, must be `v1` and `Pod`.
+#[derive(Deserialize)]
+struct PodOf<S, T> {
+    #[serde(default, rename = "apiVersion", deserialize_with = "expect_v1")]
+    _api_version: (),
+    #[serde(default, rename = "kind", deserialize_with = "expect_pod")]
+    _kind: (),
+    metadata: Option<Meta>,
+    spec: Option<S>,
+    status: Option<T>,
+}
+
+impl<S: Into<PodSpec>, T: Into<Option<PodStatus>>> PodOf<S, T> {
+    fn into_pod(self) -> Pod {
+        Pod {
+            metadata: self
+                .metadata
+                .map(Meta::into_object_meta)
+                .unwrap_or_default(),
+            spec: self.spec.map(Into::into),
+            status: self.status.and_then(Into::into),
+        }
+    }
+}
+
+/// A part of the object that is passed over: it reads as absent.
+struct Skipped;
+
+impl<'de> Deserialize<'de> for Skipped {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(d).map(|_| Skipped)
+    }
+}
+
+impl From<Skipped> for Option<PodStatus> {
+    fn from(_: Skipped) -> Self {
+        None
+    }
+}
+
+fn expect_v1<'de, D: Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    expect(d, "v1")
+}
+
+fn expect_pod<'de, D: Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    expect(d, "Pod")
+}
+
+fn expect<'de, D: Deserializer<'de>>(d: D, want: &'static str) -> Result<(), D::Error> {
+    let got = <&str>::deserialize(d)?;
+    if got == want {
+        Ok(())
+    } else {
+        Err(serde::de::Error::invalid_value(
+            serde::de::Unexpected::Str(got),
+            &want,
+        ))
+    }
+}
+
+/// ObjectMeta without `managedFields`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Meta {
+    annotations: Option<BTreeMap<String, String>>,
+    creation_timestamp: Option<Time>,
+    deletion_grace_period_seconds: Option<i64>,
+    deletion_timestamp: Option<Time>,
+    finalizers: Option<Vec<String>>,
+    generate_name: Option<String>,
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    name: Option<String>,
+    namespace: Option<String>,
+    owner_references: Option<Vec<OwnerReference>>,
+    resource_version: Option<String>,
+    self_link: Option<String>,
+    uid: Option<String>,
+}
+
+impl Meta {
+    fn into_object_meta(self) -> ObjectMeta {
+        let Meta {
+            annotations,
+            creation_timestamp,
+            deletion_grace_period_seconds,
+            deletion_timestamp,
+            finalizers,
+            generate_name,
+            generation,
+            labels,
+            name,
+            namespace,
+            owner_references,
+            resource_version,
+            self_link,
+            uid,
+        } = self;
+        // Spelled out, without `..`, so that a field added to ObjectMeta is a compile error
+        // here until it is read above.
+        ObjectMeta {
+            annotations,
+            creation_timestamp,
+            deletion_grace_period_seconds,
+            deletion_timestamp,
+            finalizers,
+            generate_name,
+            generation,
+            labels,
+            managed_fields: None,
+            name,
+            namespace,
+            owner_references,
+            resource_version,
+            self_link,
+            uid,
+        }
+    }
+}
+
+/// The whole PodSpec, through k8s-openapi.
+#[derive(Deserialize)]
+#[serde(transparent)]
+struct FullSpec(PodSpec);
+
+impl From<FullSpec> for PodSpec {
+    fn from(s: FullSpec) -> PodSpec {
+        s.0
+    }
+}
+
+/// What validation reads of a PodSpec.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ValidationSpec {
+    #[serde(default)]
+    containers: Vec<ValidationContainer>,
+    init_containers: Option<Vec<ValidationContainer>>,
+    resources: Option<ResourceRequirements>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ValidationContainer {
+    #[serde(default)]
+    name: String,
+    resources: Option<ResourceRequirements>,
+    restart_policy: Option<String>,
+}
+
+impl From<ValidationContainer> for Container {
+    fn from(c: ValidationContainer) -> Container {
+        Container {
+            name: c.name,
+            resources: c.resources,
+            restart_policy: c.restart_policy,
+            ..Default::default()
+        }
+    }
+}
+
+impl From<ValidationSpec> for PodSpec {
+    fn from(s: ValidationSpec) -> PodSpec {
+        PodSpec {
+            containers: s.containers.into_iter().map(Into::into).collect(),
+            init_containers: s
+                .init_containers
+                .map(|l| l.into_iter().map(Into::into).collect()),
+            resources: s.resources,
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::admission::AdmissionReview;
+
+    fn fixtures() -> Vec<(String, Vec<u8>)> {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/apiserver-v1.36");
+        let mut out: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let p = e.unwrap().path();
+                (p.display().to_string(), std::fs::read(&p).unwrap())
+            })
+            .collect();
+        out.sort();
+        assert!(out.len() >= 12);
+        out
+    }
+
+    fn exact(body: &[u8]) -> AdmissionRequest<Pod> {
+        let review: AdmissionReview<Pod> = serde_json::from_slice(body).unwrap();
+        review.try_into().unwrap()
+    }
+
+    /// The full shape reads what kube's parse reads, but for what it leaves out on purpose.
+    #[test]
+    fn full_shape_is_kube_parse_without_managed_fields() {
+        for (name, body) in fixtures() {
+            let mut want = exact(&body);
+            if let Some(p) = want.object.as_mut() {
+                assert!(p.metadata.managed_fields.is_some(), "{name}");
+                p.metadata.managed_fields = None;
+            }
+            want.old_object = None;
+            want.options = None;
+            let got = request(&body, Shape::Full).unwrap_or_else(|| panic!("{name}"));
+            assert_eq!(
+                format!("{got:?}"),
+                format!("{want:?}"),
+                "{name}: the fast parse differs"
+            );
+        }
+    }
+
+    /// The validation shape keeps exactly the fields validation reads.
+    #[test]
+    fn validation_shape_keeps_what_validation_reads() {
+        for (name, body) in fixtures() {
+            let want = exact(&body);
+            let got = request(&body, Shape::Validation).unwrap_or_else(|| panic!("{name}"));
+            let (want, got) = (want.object.unwrap(), got.object.unwrap());
+            assert_eq!(
+                got.metadata.annotations, want.metadata.annotations,
+                "{name}"
+            );
+            assert_eq!(got.metadata.name, want.metadata.name, "{name}");
+            assert_eq!(got.metadata.generate_name, want.metadata.generate_name);
+            let (ws, gs) = (want.spec.unwrap(), got.spec.unwrap());
+            assert_eq!(gs.resources, ws.resources, "{name}");
+            let names = |l: &[Container]| -> Vec<_> {
+                l.iter()
+                    .map(|c| {
+                        (
+                            c.name.clone(),
+                            c.resources.clone(),
+                            c.restart_policy.clone(),
+                        )
+                    })
+                    .collect()
+            };
+            assert_eq!(names(&gs.containers), names(&ws.containers), "{name}");
+            assert_eq!(
+                gs.init_containers.as_deref().map(names),
+                ws.init_containers.as_deref().map(names),
+                "{name}"
+            );
+            assert!(got.status.is_none());
+        }
+    }
+
+    /// What the fast path does not read the same way is left to the full parse.
+    #[test]
+    fn anything_unusual_falls_back() {
+        let body = &fixtures()[0].1;
+        let text = std::str::from_utf8(body).unwrap();
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        let edits: Vec<(&str, serde_json::Value)> = vec![
+            ("/request/object/apiVersion", "apps/v1".into()),
+            ("/request/object/kind", "Deployment".into()),
+            ("/request/object/kind", serde_json::Value::Null),
+            ("/request/object/metadata/name", 7.into()),
+            ("/request/object/spec/containers", "x".into()),
+            ("/request/userInfo", serde_json::Value::Null),
+            ("/request/operation", "PATCH".into()),
+            ("/apiVersion", "admission.k8s.io/v1beta1".into()),
+            ("/kind", "Review".into()),
+            ("/request", serde_json::Value::Null),
+        ];
+        for (path, value) in edits {
+            let mut doc = v.clone();
+            *doc.pointer_mut(path).unwrap() = value.clone();
+            let body = serde_json::to_vec(&doc).unwrap();
+            for shape in [Shape::Full, Shape::Validation] {
+                assert!(request(&body, shape).is_none(), "{path} = {value}");
+            }
+        }
+        // A duplicate key: kube's parse keeps the last one, the fast path refuses it.
+        let dup = text.replacen("\"uid\":", "\"uid\":\"x\",\"uid\":", 1);
+        assert_ne!(dup, text);
+        assert!(request(dup.as_bytes(), Shape::Full).is_none());
+    }
+}
