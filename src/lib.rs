@@ -7,6 +7,7 @@
 pub mod certs;
 pub mod check;
 pub mod cli;
+pub mod diff;
 pub mod glob;
 pub mod metrics;
 pub mod mutate;

@@ -534,8 +534,8 @@ fn copy_for_mutation(pod: &Pod) -> Pod {
 /// (checked here, on the typed values), the diff of the two full documents is the diff of
 /// two documents holding only those parts: equal subtrees yield no operation, and
 /// `json_patch::diff` visits object keys in the same sorted order either way, so the
-/// operations and their order are the same. Converting only those parts to JSON, and
-/// nothing at all when they are equal, is most of what a review used to cost.
+/// operations and their order are the same. Within those parts, [`crate::diff`] converts
+/// only what differs.
 fn diff_pods(before: &Pod, after: &Pod) -> json_patch::Patch {
     let only_annotations_and_spec = after.metadata.managed_fields.is_none()
         && before.status == after.status
@@ -547,10 +547,10 @@ fn diff_pods(before: &Pod, after: &Pod) -> json_patch::Patch {
     if before.metadata.annotations == after.metadata.annotations && before.spec == after.spec {
         return json_patch::Patch::default();
     }
-    match (mutable_parts(before), mutable_parts(after)) {
-        (Ok(b), Ok(a)) => json_patch::diff(&b, &a),
+    match crate::diff::annotations_and_spec(before, after) {
+        Ok((b, a)) => json_patch::diff(&b, &a),
         // Serialising a pod does not fail; if it ever did, answer as the full diff would.
-        _ => full_diff(before, after),
+        Err(_) => full_diff(before, after),
     }
 }
 
@@ -563,21 +563,6 @@ fn full_diff(before: &Pod, after: &Pod) -> json_patch::Patch {
     let before = serde_json::to_value(before).unwrap_or(Value::Null);
     let after = serde_json::to_value(&after).unwrap_or(Value::Null);
     json_patch::diff(&before, &after)
-}
-
-/// `{"metadata": {"annotations": ..}, "spec": ..}` with what the pod has of those, exactly
-/// as they appear in `serde_json::to_value(pod)` (absent when `None`).
-fn mutable_parts(pod: &Pod) -> serde_json::Result<Value> {
-    let mut metadata = serde_json::Map::new();
-    if let Some(a) = &pod.metadata.annotations {
-        metadata.insert("annotations".into(), serde_json::to_value(a)?);
-    }
-    let mut doc = serde_json::Map::new();
-    doc.insert("metadata".into(), Value::Object(metadata));
-    if let Some(spec) = &pod.spec {
-        doc.insert("spec".into(), serde_json::to_value(spec)?);
-    }
-    Ok(Value::Object(doc))
 }
 
 /// Whether two ObjectMetas are equal in everything but `annotations` and `managedFields`
