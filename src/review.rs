@@ -6,16 +6,15 @@
 use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::admission::{self, AdmissionRequest, AdmissionResponse, AdmissionReview};
 use kube::core::{DynamicObject, Status};
 use serde_json::Value;
 
 use crate::mutate::{self, Step};
 use crate::optout::{self, OptOut};
-use crate::parse;
 use crate::policy::{Operation, Policy};
 use crate::validate::{self, Verdict};
+use crate::{diff, parse};
 
 /// Who asks, and where: what the opt-out governance looks at.
 #[derive(Debug, Clone, Copy)]
@@ -164,7 +163,7 @@ pub fn review_bytes(
         Endpoint::Validate => parse::Shape::Validation,
     };
     if let Some(req) = parse::request(body, shape) {
-        return Ok(review_parsed(endpoint, policy, &req, body));
+        return Ok(review_parsed(endpoint, policy, req, body));
     }
     // The exact parse: slower, and what decides how a body that is not a review of a pod
     // is answered.
@@ -173,7 +172,7 @@ pub fn review_bytes(
             check_envelope(&review.types.api_version, &review.types.kind)?;
             let req: AdmissionRequest<Pod> =
                 review.try_into().map_err(|_| ReviewError::NoRequest)?;
-            Ok(review_parsed(endpoint, policy, &req, body))
+            Ok(review_parsed(endpoint, policy, req, body))
         }
         Err(typed_err) => slow_path(endpoint, body, typed_err),
     }
@@ -182,10 +181,9 @@ pub fn review_bytes(
 fn review_parsed(
     endpoint: Endpoint,
     policy: &Policy,
-    req: &AdmissionRequest<Pod>,
+    req: AdmissionRequest<Pod>,
     body: &[u8],
 ) -> Reviewed {
-    let mut reviewed = review_request(endpoint, policy, req);
     // Along every path a mutation patches, the typed model tells an absent or null field
     // from an empty one, except for the two it requires: `metadata` and `spec.containers`.
     // Only when one of them reads as empty can the patch name a parent the sent object
@@ -193,6 +191,7 @@ fn review_parsed(
     let ambiguous = req.object.as_ref().is_some_and(|p| {
         p.metadata == Default::default() || p.spec.as_ref().is_some_and(|s| s.containers.is_empty())
     });
+    let mut reviewed = review_request(endpoint, policy, req);
     if reviewed.patch.is_some() && ambiguous {
         anchor_to_sent_object(&mut reviewed, body);
     }
@@ -376,14 +375,14 @@ fn policy_operation(op: &admission::Operation) -> Option<Operation> {
     }
 }
 
-/// Reviews a parsed request.
+/// Reviews a parsed request. The pod is mutated in place: the request is consumed.
 pub fn review_request(
     endpoint: Endpoint,
     policy: &Policy,
-    req: &AdmissionRequest<Pod>,
+    mut req: AdmissionRequest<Pod>,
 ) -> Reviewed {
-    let mut reviewed = skeleton(endpoint, req, req.object.as_ref());
-    let Some(pod) = req.object.as_ref() else {
+    let mut reviewed = skeleton(endpoint, &req, req.object.as_ref());
+    let Some(pod) = req.object.take() else {
         return reviewed;
     };
     // Subresources (status, binding, ephemeralcontainers from `kubectl debug`) are not the
@@ -404,14 +403,14 @@ pub fn review_request(
     };
     match endpoint {
         Endpoint::Mutate => mutate_pod(policy, pod, operation, &who, &mut reviewed),
-        Endpoint::Validate => validate_pod(policy, pod, operation, &who, &mut reviewed),
+        Endpoint::Validate => validate_pod(policy, &pod, operation, &who, &mut reviewed),
     }
     reviewed
 }
 
 fn mutate_pod(
     policy: &Policy,
-    pod: &Pod,
+    mut pod: Pod,
     operation: Operation,
     who: &Requester<'_>,
     out: &mut Reviewed,
@@ -420,7 +419,7 @@ fn mutate_pod(
         return;
     }
     let mut warnings = vec![];
-    let opt_out = optout::decide(policy, pod, who);
+    let opt_out = optout::decide(policy, &pod, who);
     match &opt_out {
         OptOut::Honoured => {
             out.response.audit_annotations =
@@ -434,10 +433,12 @@ fn mutate_pod(
         OptOut::NotRequested => {}
     }
     out.opt_out = Some(opt_out);
-    if mutate::is_training_pod(policy, pod) {
-        let mut mutated = copy_for_mutation(pod);
-        let outcome = mutate::mutate(policy, &mut mutated);
-        let patch = diff_pods(pod, &mutated);
+    if mutate::is_training_pod(policy, &pod) {
+        let before = diff::Snapshot::of(&pod);
+        let outcome = mutate::mutate(policy, &mut pod);
+        let patch = before
+            .and_then(|b| diff::patch(&b, &diff::Snapshot::of(&pod)?))
+            .expect("a pod always serialises");
         warnings.extend(outcome.warnings);
         out.steps = outcome.applied;
         if !patch.0.is_empty() {
@@ -482,178 +483,35 @@ fn validate_pod(
     out.response.audit_annotations = d.audit_annotations.into_iter().collect();
 }
 
-/// The pod the mutation steps work on: a copy of `pod` without `managedFields`, which the
-/// steps never read and which is the largest part of what the apiserver sends (copying it
-/// cost more than the steps). [`diff_pods`] relies on it staying `None`.
-fn copy_for_mutation(pod: &Pod) -> Pod {
-    // Spelled out, without `..`, so that a field added to ObjectMeta is a compile error here.
-    let ObjectMeta {
-        annotations,
-        creation_timestamp,
-        deletion_grace_period_seconds,
-        deletion_timestamp,
-        finalizers,
-        generate_name,
-        generation,
-        labels,
-        managed_fields: _,
-        name,
-        namespace,
-        owner_references,
-        resource_version,
-        self_link,
-        uid,
-    } = &pod.metadata;
-    Pod {
-        metadata: ObjectMeta {
-            annotations: annotations.clone(),
-            creation_timestamp: creation_timestamp.clone(),
-            deletion_grace_period_seconds: *deletion_grace_period_seconds,
-            deletion_timestamp: deletion_timestamp.clone(),
-            finalizers: finalizers.clone(),
-            generate_name: generate_name.clone(),
-            generation: *generation,
-            labels: labels.clone(),
-            managed_fields: None,
-            name: name.clone(),
-            namespace: namespace.clone(),
-            owner_references: owner_references.clone(),
-            resource_version: resource_version.clone(),
-            self_link: self_link.clone(),
-            uid: uid.clone(),
-        },
-        spec: pod.spec.clone(),
-        status: pod.status.clone(),
-    }
-}
-
-/// The JSON patch from `before` (the pod as sent) to `after` ([`copy_for_mutation`] of it,
-/// mutated): `json_patch::diff` of their JSON documents, as always.
-///
-/// The steps only write `metadata.annotations` and `spec`. When everything else is equal
-/// (checked here, on the typed values), the diff of the two full documents is the diff of
-/// two documents holding only those parts: equal subtrees yield no operation, and
-/// `json_patch::diff` visits object keys in the same sorted order either way, so the
-/// operations and their order are the same. Within those parts, [`crate::diff`] converts
-/// only what differs.
-fn diff_pods(before: &Pod, after: &Pod) -> json_patch::Patch {
-    let only_annotations_and_spec = after.metadata.managed_fields.is_none()
-        && before.status == after.status
-        && metadata_equal_but_annotations(&before.metadata, &after.metadata);
-    if !only_annotations_and_spec {
-        // Not what the steps do today: the general way, over the full documents.
-        return full_diff(before, after);
-    }
-    if before.metadata.annotations == after.metadata.annotations && before.spec == after.spec {
-        return json_patch::Patch::default();
-    }
-    match crate::diff::annotations_and_spec(before, after) {
-        Ok((b, a)) => json_patch::diff(&b, &a),
-        // Serialising a pod does not fail; if it ever did, answer as the full diff would.
-        Err(_) => full_diff(before, after),
-    }
-}
-
-/// The diff of the two full documents, with the managed fields `after` was copied without.
-fn full_diff(before: &Pod, after: &Pod) -> json_patch::Patch {
-    let mut after = after.clone();
-    if after.metadata.managed_fields.is_none() {
-        after.metadata.managed_fields = before.metadata.managed_fields.clone();
-    }
-    let before = serde_json::to_value(before).unwrap_or(Value::Null);
-    let after = serde_json::to_value(&after).unwrap_or(Value::Null);
-    json_patch::diff(&before, &after)
-}
-
-/// Whether two ObjectMetas are equal in everything but `annotations` and `managedFields`
-/// (the caller has checked that the mutated copy never got managed fields).
-fn metadata_equal_but_annotations(a: &ObjectMeta, b: &ObjectMeta) -> bool {
-    let ObjectMeta {
-        annotations: _,
-        creation_timestamp,
-        deletion_grace_period_seconds,
-        deletion_timestamp,
-        finalizers,
-        generate_name,
-        generation,
-        labels,
-        managed_fields: _,
-        name,
-        namespace,
-        owner_references,
-        resource_version,
-        self_link,
-        uid,
-    } = a;
-    *creation_timestamp == b.creation_timestamp
-        && *deletion_grace_period_seconds == b.deletion_grace_period_seconds
-        && *deletion_timestamp == b.deletion_timestamp
-        && *finalizers == b.finalizers
-        && *generate_name == b.generate_name
-        && *generation == b.generation
-        && *labels == b.labels
-        && *name == b.name
-        && *namespace == b.namespace
-        && *owner_references == b.owner_references
-        && *resource_version == b.resource_version
-        && *self_link == b.self_link
-        && *uid == b.uid
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The patch equals the plain diff of the full documents, managed fields and all.
+    /// The patch a review returns is the plain diff of the full documents, as the apiserver
+    /// sent them (managed fields and all) and as mutated.
     #[test]
-    fn diff_pods_is_the_full_diff() {
+    fn patch_is_the_full_diff() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(root.join("policies/default.yaml")).unwrap();
         let policy = Policy::from_text("default.yaml", &text).unwrap();
-        let dir = root.join("tests/fixtures/apiserver-v1.36");
         let mut patched = 0;
-        for entry in std::fs::read_dir(dir).unwrap() {
+        for entry in std::fs::read_dir(root.join("tests/fixtures/apiserver-v1.36")).unwrap() {
             let body = std::fs::read(entry.unwrap().path()).unwrap();
             let v: Value = serde_json::from_slice(&body).unwrap();
-            for key in ["/request/object", "/request/oldObject"] {
-                let Some(o) = v.pointer(key).filter(|o| !o.is_null()) else {
-                    continue;
-                };
-                let pod: Pod = serde_json::from_value(o.clone()).unwrap();
-                let mut full = pod.clone();
-                mutate::mutate(&policy, &mut full);
-                let mut mutated = copy_for_mutation(&pod);
-                mutate::mutate(&policy, &mut mutated);
-                let expected = json_patch::diff(
-                    &serde_json::to_value(&pod).unwrap(),
-                    &serde_json::to_value(&full).unwrap(),
-                );
-                assert_eq!(diff_pods(&pod, &mutated), expected);
-                assert_eq!(full_diff(&pod, &mutated), expected);
-                patched += usize::from(!expected.0.is_empty());
+            let pod: Pod = serde_json::from_value(v["request"]["object"].clone()).unwrap();
+            assert!(pod.metadata.managed_fields.is_some());
+            let mut mutated = pod.clone();
+            mutate::mutate(&policy, &mut mutated);
+            let expected = json_patch::diff(
+                &serde_json::to_value(&pod).unwrap(),
+                &serde_json::to_value(&mutated).unwrap(),
+            );
+            let reviewed = review_bytes(Endpoint::Mutate, &policy, &body).unwrap();
+            if reviewed.result == Result::Patched {
+                assert_eq!(reviewed.patch.unwrap(), expected);
+                patched += 1;
             }
         }
-        assert!(patched > 3, "the fixtures exercise the patch: {patched}");
-    }
-
-    /// Outside annotations and spec, the general diff takes over.
-    #[test]
-    fn diff_pods_falls_back_for_other_changes() {
-        let pod = Pod {
-            metadata: ObjectMeta {
-                name: Some("a".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let mut other = copy_for_mutation(&pod);
-        other.metadata.labels = Some([("k".to_owned(), "v".to_owned())].into());
-        let expected = json_patch::diff(
-            &serde_json::to_value(&pod).unwrap(),
-            &serde_json::to_value(&other).unwrap(),
-        );
-        assert_eq!(expected.0.len(), 1);
-        assert_eq!(diff_pods(&pod, &other), expected);
-        assert!(diff_pods(&pod, &copy_for_mutation(&pod)).0.is_empty());
+        assert!(patched >= 3, "the fixtures exercise the patch: {patched}");
     }
 }
