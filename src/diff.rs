@@ -47,18 +47,19 @@ struct Node {
 impl Snapshot {
     pub fn of<T: Serialize>(value: &T) -> serde_json::Result<Snapshot> {
         let mut indexer = Indexer {
-            pos: 0,
+            text: Vec::with_capacity(4096),
             nodes: Vec::with_capacity(256),
             open: Vec::with_capacity(16),
             key: 0..0,
         };
-        indexer.open_node(0);
-        let mut text = Vec::with_capacity(4096);
-        let mut ser = serde_json::Serializer::with_formatter(&mut text, &mut indexer);
+        indexer.open_node();
+        // The formatter writes into its own buffer, where it can see positions; the
+        // serialiser's writer gets nothing.
+        let mut ser = serde_json::Serializer::with_formatter(io::sink(), &mut indexer);
         value.serialize(&mut ser)?;
         indexer.close_node();
         Ok(Snapshot {
-            text,
+            text: indexer.text,
             nodes: indexer.nodes,
         })
     }
@@ -152,6 +153,39 @@ fn prune(b: &Snapshot, bn: usize, a: &Snapshot, an: usize) -> serde_json::Result
     }
 }
 
+/// The patch as JSON text: the bytes `serde_json::to_vec(patch)` writes, without going
+/// through serde's internally tagged enum, which cost as much as the diff.
+pub fn patch_json(patch: &json_patch::Patch) -> serde_json::Result<Vec<u8>> {
+    use json_patch::PatchOperation as Op;
+    let mut out = Vec::with_capacity(256);
+    out.push(b'[');
+    for (i, op) in patch.0.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let (name, value) = match op {
+            Op::Add(o) => ("add", Some(&o.value)),
+            Op::Remove(_) => ("remove", None),
+            Op::Replace(o) => ("replace", Some(&o.value)),
+            other => {
+                serde_json::to_writer(&mut out, other)?;
+                continue;
+            }
+        };
+        out.extend_from_slice(b"{\"op\":\"");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\",\"path\":");
+        serde_json::to_writer(&mut out, op.path().as_str())?;
+        if let Some(v) = value {
+            out.extend_from_slice(b",\"value\":");
+            serde_json::to_writer(&mut out, v)?;
+        }
+        out.push(b'}');
+    }
+    out.push(b']');
+    Ok(out)
+}
+
 fn decode_key(raw: &[u8]) -> serde_json::Result<String> {
     match raw {
         [b'"', inner @ .., b'"'] if !inner.contains(&b'\\') => {
@@ -161,9 +195,10 @@ fn decode_key(raw: &[u8]) -> serde_json::Result<String> {
     }
 }
 
-/// A compact JSON formatter that also records where each value starts and ends.
+/// A compact JSON formatter that writes into its own buffer and records where each value
+/// starts and ends.
 struct Indexer {
-    pos: usize,
+    text: Vec<u8>,
     nodes: Vec<Node>,
     /// The values being written, innermost last, each with its last child so far.
     open: Vec<(u32, Option<u32>)>,
@@ -171,7 +206,8 @@ struct Indexer {
 }
 
 impl Indexer {
-    fn open_node(&mut self, start: usize) {
+    fn open_node(&mut self) {
+        let start = self.text.len();
         let id = self.nodes.len() as u32;
         self.nodes.push(Node {
             span: start..start,
@@ -192,7 +228,7 @@ impl Indexer {
 
     fn close_node(&mut self) {
         if let Some((id, _)) = self.open.pop() {
-            self.nodes[id as usize].span.end = self.pos;
+            self.nodes[id as usize].span.end = self.text.len();
         }
     }
 
@@ -203,28 +239,10 @@ impl Indexer {
     }
 }
 
-/// Counts what goes through to the writer.
-struct Count<'a, W: ?Sized> {
-    w: &'a mut W,
-    n: &'a mut usize,
-}
-
-impl<W: ?Sized + Write> Write for Count<'_, W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let k = self.w.write(buf)?;
-        *self.n += k;
-        Ok(k)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.w.flush()
-    }
-}
-
 macro_rules! forward {
     ($($name:ident($($arg:ident: $ty:ty),*);)*) => {
-        $(fn $name<W: ?Sized + Write>(&mut self, w: &mut W, $($arg: $ty),*) -> io::Result<()> {
-            CompactFormatter.$name(&mut Count { w, n: &mut self.pos }, $($arg),*)
+        $(fn $name<W: ?Sized + Write>(&mut self, _: &mut W, $($arg: $ty),*) -> io::Result<()> {
+            CompactFormatter.$name(&mut self.text, $($arg),*)
         })*
     };
 }
@@ -256,31 +274,19 @@ impl Formatter for &mut Indexer {
         end_object();
     }
 
-    fn begin_array<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+    fn begin_array<W: ?Sized + Write>(&mut self, _: &mut W) -> io::Result<()> {
         self.set_kind(Kind::Array);
-        CompactFormatter.begin_array(&mut Count {
-            w,
-            n: &mut self.pos,
-        })
+        CompactFormatter.begin_array(&mut self.text)
     }
 
-    fn begin_object<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+    fn begin_object<W: ?Sized + Write>(&mut self, _: &mut W) -> io::Result<()> {
         self.set_kind(Kind::Object);
-        CompactFormatter.begin_object(&mut Count {
-            w,
-            n: &mut self.pos,
-        })
+        CompactFormatter.begin_object(&mut self.text)
     }
 
-    fn begin_array_value<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
-        CompactFormatter.begin_array_value(
-            &mut Count {
-                w,
-                n: &mut self.pos,
-            },
-            first,
-        )?;
-        self.open_node(self.pos);
+    fn begin_array_value<W: ?Sized + Write>(&mut self, _: &mut W, first: bool) -> io::Result<()> {
+        CompactFormatter.begin_array_value(&mut self.text, first)?;
+        self.open_node();
         Ok(())
     }
 
@@ -289,29 +295,20 @@ impl Formatter for &mut Indexer {
         Ok(())
     }
 
-    fn begin_object_key<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
-        CompactFormatter.begin_object_key(
-            &mut Count {
-                w,
-                n: &mut self.pos,
-            },
-            first,
-        )?;
-        self.key = self.pos..self.pos;
+    fn begin_object_key<W: ?Sized + Write>(&mut self, _: &mut W, first: bool) -> io::Result<()> {
+        CompactFormatter.begin_object_key(&mut self.text, first)?;
+        self.key = self.text.len()..self.text.len();
         Ok(())
     }
 
     fn end_object_key<W: ?Sized + Write>(&mut self, _: &mut W) -> io::Result<()> {
-        self.key.end = self.pos;
+        self.key.end = self.text.len();
         Ok(())
     }
 
-    fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
-        CompactFormatter.begin_object_value(&mut Count {
-            w,
-            n: &mut self.pos,
-        })?;
-        self.open_node(self.pos);
+    fn begin_object_value<W: ?Sized + Write>(&mut self, _: &mut W) -> io::Result<()> {
+        CompactFormatter.begin_object_value(&mut self.text)?;
+        self.open_node();
         Ok(())
     }
 
@@ -337,7 +334,25 @@ mod tests {
         let (b, a) = (Snapshot::of(before).unwrap(), Snapshot::of(after).unwrap());
         assert_eq!(b.text(), serde_json::to_vec(before).unwrap());
         assert_eq!(a.text(), serde_json::to_vec(after).unwrap());
-        patch(&b, &a).unwrap()
+        let p = patch(&b, &a).unwrap();
+        assert_eq!(patch_json(&p).unwrap(), serde_json::to_vec(&p).unwrap());
+        p
+    }
+
+    #[test]
+    fn patch_json_is_serdes() {
+        let p: json_patch::Patch = serde_json::from_value(serde_json::json!([
+            {"op": "add", "path": "/a~1b/~0c/0", "value": {"x": [1, "\u{1}"]}},
+            {"op": "remove", "path": "/é"},
+            {"op": "replace", "path": "", "value": null},
+            {"op": "move", "from": "/a", "path": "/b"},
+            {"op": "copy", "from": "/a", "path": "/b"},
+            {"op": "test", "path": "/a", "value": 1},
+        ]))
+        .unwrap();
+        assert_eq!(patch_json(&p).unwrap(), serde_json::to_vec(&p).unwrap());
+        let empty = json_patch::Patch::default();
+        assert_eq!(patch_json(&empty).unwrap(), b"[]");
     }
 
     fn fixture_pods() -> Vec<Value> {

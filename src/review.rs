@@ -98,55 +98,50 @@ impl Reviewed {
     /// The AdmissionReview to send back, as JSON.
     ///
     /// Written out by hand rather than through kube's `into_review`: the patch goes as a
-    /// base64 string (what Go's `[]byte` expects, a third the size of a number array), audit
-    /// annotations in a stable order, and no empty status on an allowed review.
+    /// base64 string (what Go's `[]byte` expects, a third the size of a number array),
+    /// encoded straight into the output; audit annotations in a stable order; and no empty
+    /// status on an allowed review.
     pub fn to_json(&self) -> Vec<u8> {
         use base64::Engine as _;
         let r = &self.response;
-        let out = Out {
-            api_version: "admission.k8s.io/v1",
-            kind: "AdmissionReview",
-            response: OutResponse {
-                uid: &r.uid,
-                allowed: r.allowed,
-                status: (!r.allowed).then_some(&r.result),
-                patch: r
-                    .patch
-                    .as_ref()
-                    .map(|p| base64::engine::general_purpose::STANDARD.encode(p)),
-                patch_type: r.patch.as_ref().map(|_| "JSONPatch"),
-                audit_annotations: r.audit_annotations.iter().collect(),
-                warnings: r.warnings.as_deref().filter(|w| !w.is_empty()),
-            },
-        };
-        // Serialising strings, maps and bools cannot fail.
-        serde_json::to_vec(&out).unwrap_or_default()
+        let patch_len = r.patch.as_ref().map_or(0, |p| p.len().div_ceil(3) * 4);
+        let mut out = Vec::with_capacity(192 + patch_len);
+        out.extend_from_slice(
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#,
+        );
+        // Writing strings, maps and a Status into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, &r.uid);
+        out.extend_from_slice(if r.allowed {
+            b",\"allowed\":true"
+        } else {
+            b",\"allowed\":false"
+        });
+        if !r.allowed {
+            out.extend_from_slice(b",\"status\":");
+            let _ = serde_json::to_writer(&mut out, &r.result);
+        }
+        if let Some(patch) = &r.patch {
+            out.extend_from_slice(b",\"patch\":\"");
+            let at = out.len();
+            out.resize(at + patch_len, 0);
+            let n = base64::engine::general_purpose::STANDARD
+                .encode_slice(patch, &mut out[at..])
+                .unwrap_or(0);
+            out.truncate(at + n);
+            out.extend_from_slice(b"\",\"patchType\":\"JSONPatch\"");
+        }
+        if !r.audit_annotations.is_empty() {
+            let sorted: std::collections::BTreeMap<_, _> = r.audit_annotations.iter().collect();
+            out.extend_from_slice(b",\"auditAnnotations\":");
+            let _ = serde_json::to_writer(&mut out, &sorted);
+        }
+        if let Some(w) = r.warnings.as_deref().filter(|w| !w.is_empty()) {
+            out.extend_from_slice(b",\"warnings\":");
+            let _ = serde_json::to_writer(&mut out, w);
+        }
+        out.extend_from_slice(b"}}");
+        out
     }
-}
-
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Out<'a> {
-    api_version: &'static str,
-    kind: &'static str,
-    response: OutResponse<'a>,
-}
-
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct OutResponse<'a> {
-    uid: &'a str,
-    allowed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    status: Option<&'a Status>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch_type: Option<&'static str>,
-    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    audit_annotations: std::collections::BTreeMap<&'a String, &'a String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    warnings: Option<&'a [String]>,
 }
 
 /// Parses a body and reviews it. Errors are bodies that are not an AdmissionReview at all.
@@ -452,7 +447,7 @@ fn mutate_pod(
                 Err(_) => unreachable!("a JSON patch always serialises"),
             }
             out.response.patch =
-                Some(serde_json::to_vec(&patch).expect("a JSON patch always serialises"));
+                Some(diff::patch_json(&patch).expect("a JSON patch always serialises"));
             out.patch = Some(patch);
         }
     }
