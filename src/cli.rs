@@ -437,10 +437,10 @@ pub fn run_review(policy: &Policy, value: &Value, a: &ReviewArgs) -> Result<CliR
         let r = run(policy, Endpoint::Mutate, &review)?;
         absorb(&mut result, &r);
         let mut pod = object.clone().unwrap_or(Value::Null);
-        if let Some(p) = &r.patch {
+        if let Some(p) = &r.patch() {
             json_patch::patch(&mut pod, p).map_err(|e| format!("the patch does not apply: {e}"))?;
         }
-        result.patch = r.patch.clone();
+        result.patch = r.patch();
         result.steps = r.steps.iter().map(|s| s.as_str()).collect();
         result.mutate_response = Some(response_value(&r));
         if object.is_some() {

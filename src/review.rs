@@ -88,13 +88,17 @@ pub struct Reviewed {
     pub username: String,
     /// Mutation steps that changed the pod.
     pub steps: Vec<Step>,
-    pub patch: Option<json_patch::Patch>,
     /// What validation concluded, when it ran.
     pub verdict: Option<Verdict>,
     pub opt_out: Option<OptOut>,
 }
 
 impl Reviewed {
+    /// The JSON patch of a mutation, if it has one.
+    pub fn patch(&self) -> Option<json_patch::Patch> {
+        serde_json::from_slice(self.response.patch.as_deref()?).ok()
+    }
+
     /// The AdmissionReview to send back, as JSON.
     ///
     /// Written out by hand rather than through kube's `into_review`: the patch goes as a
@@ -187,7 +191,7 @@ fn review_parsed(
         p.metadata == Default::default() || p.spec.as_ref().is_some_and(|s| s.containers.is_empty())
     });
     let mut reviewed = review_request(endpoint, policy, req);
-    if reviewed.patch.is_some() && ambiguous {
+    if reviewed.response.patch.is_some() && ambiguous {
         anchor_to_sent_object(&mut reviewed, body);
     }
     reviewed
@@ -200,7 +204,7 @@ fn review_parsed(
 /// internal error. Each missing or non-container ancestor is created first, with the typed
 /// pod's value for it, so the patch applies to the object as sent.
 fn anchor_to_sent_object(reviewed: &mut Reviewed, body: &[u8]) {
-    let Some(patch) = reviewed.patch.as_ref() else {
+    let Some(patch) = reviewed.patch() else {
         return;
     };
     let Ok(mut sent) = serde_json::from_slice::<Value>(body) else {
@@ -209,12 +213,11 @@ fn anchor_to_sent_object(reviewed: &mut Reviewed, body: &[u8]) {
     let Some(sent) = sent.pointer_mut("/request/object").map(Value::take) else {
         return;
     };
-    if let Some(fixed) = anchor(sent, patch) {
-        match reviewed.response.clone().with_patch(fixed.clone()) {
+    if let Some(fixed) = anchor(sent, &patch) {
+        match reviewed.response.clone().with_patch(fixed) {
             Ok(r) => reviewed.response = r,
             Err(_) => unreachable!("a JSON patch always serialises"),
         }
-        reviewed.patch = Some(fixed);
     }
 }
 
@@ -347,7 +350,6 @@ fn skeleton<T: kube::Resource>(
         dry_run: req.dry_run,
         username: req.user_info.username.clone().unwrap_or_default(),
         steps: vec![],
-        patch: None,
         verdict: None,
         opt_out: None,
     }
@@ -432,23 +434,21 @@ fn mutate_pod(
         let before = diff::Snapshot::of(&pod);
         let outcome = mutate::mutate(policy, &mut pod);
         let patch = before
-            .and_then(|b| diff::patch(&b, &diff::Snapshot::of(&pod)?))
+            .and_then(|b| diff::patch_text(&b, &diff::Snapshot::of(&pod)?))
             .expect("a pod always serialises");
         warnings.extend(outcome.warnings);
         out.steps = outcome.applied;
-        if !patch.0.is_empty() {
+        if let Some(patch) = patch {
             out.result = Result::Patched;
             // AdmissionResponse::with_patch takes the response and the patch by value; rather
-            // than copying both, move the response out and let it set the (private) patch
-            // type with an empty patch, then put the serialised patch in.
+            // than copying the response, move it out and let it set the (private) patch type
+            // with an empty patch, then put the patch's JSON in.
             let response = std::mem::replace(&mut out.response, AdmissionResponse::invalid(""));
             match response.with_patch(json_patch::Patch::default()) {
                 Ok(r) => out.response = r,
                 Err(_) => unreachable!("a JSON patch always serialises"),
             }
-            out.response.patch =
-                Some(diff::patch_json(&patch).expect("a JSON patch always serialises"));
-            out.patch = Some(patch);
+            out.response.patch = Some(patch);
         }
     }
     if !warnings.is_empty() {
@@ -503,7 +503,7 @@ mod tests {
             );
             let reviewed = review_bytes(Endpoint::Mutate, &policy, &body).unwrap();
             if reviewed.result == Result::Patched {
-                assert_eq!(reviewed.patch.unwrap(), expected);
+                assert_eq!(reviewed.patch().unwrap(), expected);
                 patched += 1;
             }
         }

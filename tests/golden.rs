@@ -277,7 +277,7 @@ fn check_mutation(case: &Case, response: &Value, failures: &mut Vec<String>) {
         &serde_json::to_vec(&again).unwrap(),
     )
     .unwrap();
-    if let Some(p) = &second.patch {
+    if let Some(p) = &second.patch() {
         failures.push(format!(
             "{name}: not idempotent: a second pass patches {}",
             serde_json::to_string(p).unwrap()

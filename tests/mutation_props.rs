@@ -422,7 +422,7 @@ fn generated_reviews_patch_cleanly() {
         let reviewed = review_bytes(Endpoint::Mutate, &policy, &body).unwrap();
         assert!(reviewed.response.allowed, "seed {seed}");
         let mut patched = object.clone();
-        if let Some(patch) = &reviewed.patch {
+        if let Some(patch) = &reviewed.patch() {
             json_patch::patch(&mut patched, patch).unwrap();
         }
         let mut expected: Pod = serde_json::from_value(object.clone()).unwrap();

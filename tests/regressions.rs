@@ -12,7 +12,7 @@ use tollgate::review::{review_bytes, Endpoint};
 fn assert_patch_applies(policy: &Policy, review: &Value) -> Value {
     let body = serde_json::to_vec(review).unwrap();
     let reviewed = review_bytes(Endpoint::Mutate, policy, &body).unwrap();
-    let patch = reviewed.patch.expect("a patch");
+    let patch = reviewed.patch().expect("a patch");
     let mut object = review["request"]["object"].clone();
     json_patch::patch(&mut object, &patch)
         .unwrap_or_else(|e| panic!("the patch does not apply to the object sent: {e}"));
@@ -24,7 +24,11 @@ fn assert_patch_applies(policy: &Policy, review: &Value) -> Value {
         &serde_json::to_vec(&again).unwrap(),
     )
     .unwrap();
-    assert!(second.patch.is_none(), "second pass: {:?}", second.patch);
+    assert!(
+        second.patch().is_none(),
+        "second pass: {:?}",
+        second.patch()
+    );
     object
 }
 
@@ -156,7 +160,7 @@ fn patches_apply_with_any_field_absent_or_null() {
                     let Ok(reviewed) = review_bytes(Endpoint::Mutate, p, &body) else {
                         continue;
                     };
-                    if let Some(patch) = reviewed.patch {
+                    if let Some(patch) = reviewed.patch() {
                         let mut sent = r["request"]["object"].clone();
                         if let Err(e) = json_patch::patch(&mut sent, &patch) {
                             panic!(

@@ -85,7 +85,7 @@ fn cases() -> Vec<(&'static str, Vec<u8>, String, bool, bool)> {
                 body,
                 r.uid.clone(),
                 r.response.allowed,
-                r.patch.is_some(),
+                r.patch().is_some(),
             )
         })
         .collect()
