@@ -14,7 +14,8 @@
 //! are reported), `--client-threads N` (2), `--fixture FILE` (under
 //! tests/fixtures/apiserver-v1.36/, default resnet50-worker-generatename.mutate.json),
 //! `--max-requests N` per run (5,000,000), `--baseline PATH` another tollgate binary to run
-//! alongside (e.g. a build of an older commit). Set `TOKIO_WORKER_THREADS` to change the
+//! alongside (e.g. a build of an older commit), `--as-is` to post the fixture file byte for
+//! byte (it is pretty-printed; by default it goes as compact JSON, as the apiserver sends it). Set `TOKIO_WORKER_THREADS` to change the
 //! server's worker count. Traffic goes to 127.0.0.1 only; every run stops by itself.
 //!
 //! See benches/README.md.
@@ -50,6 +51,8 @@ struct Opts {
     fixture: String,
     max_requests: u64,
     baseline: Option<PathBuf>,
+    /// Post the fixture file byte for byte (pretty-printed) rather than as compact JSON.
+    as_is: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +106,7 @@ fn parse_args() -> Opts {
         fixture: "resnet50-worker-generatename.mutate.json".into(),
         max_requests: 5_000_000,
         baseline: None,
+        as_is: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -124,6 +128,7 @@ fn parse_args() -> Opts {
             "--max-requests" => o.max_requests = num(value()) as u64,
             "--fixture" => o.fixture = value(),
             "--baseline" => o.baseline = Some(PathBuf::from(value())),
+            "--as-is" => o.as_is = true,
             "--protocols" => {
                 o.protocols = value()
                     .split(',')
@@ -548,10 +553,16 @@ fn main() {
     let fixture_path = root()
         .join("tests/fixtures/apiserver-v1.36")
         .join(&o.fixture);
-    let body = Bytes::from(
-        std::fs::read(&fixture_path)
-            .unwrap_or_else(|e| usage(&format!("{}: {e}", fixture_path.display()))),
-    );
+    let file = std::fs::read(&fixture_path)
+        .unwrap_or_else(|e| usage(&format!("{}: {e}", fixture_path.display())));
+    // The fixtures are pretty-printed for reading; the apiserver sends compact JSON.
+    let body = Bytes::from(if o.as_is {
+        file
+    } else {
+        let v: serde_json::Value = serde_json::from_slice(&file)
+            .unwrap_or_else(|e| usage(&format!("{}: {e}", fixture_path.display())));
+        serde_json::to_vec(&v).unwrap()
+    });
     let path = if o.fixture.contains(".validate") {
         "/validate"
     } else {

@@ -46,7 +46,8 @@ struct Case {
     body: Vec<u8>,
 }
 
-/// The shared apiserver fixtures, each sent to the endpoint its name says.
+/// The shared apiserver fixtures, each sent to the endpoint its name says: as the file is,
+/// and compact (`NAME.wire`).
 fn fixture_cases() -> Vec<Case> {
     let dir = root().join("tests/fixtures/apiserver-v1.36");
     let mut names: Vec<String> = std::fs::read_dir(&dir)
@@ -65,12 +66,23 @@ fn fixture_cases() -> Vec<Case> {
                 Endpoint::Validate
             };
             let body = std::fs::read(dir.join(&file)).unwrap();
-            Case {
-                name,
-                endpoint,
-                body,
-            }
+            // The file as it is (pretty-printed for reading), and as the apiserver sends it
+            // on the wire: compact.
+            let v: Value = serde_json::from_slice(&body).unwrap();
+            [
+                Case {
+                    name: format!("{name}.wire"),
+                    endpoint,
+                    body: serde_json::to_vec(&v).unwrap(),
+                },
+                Case {
+                    name,
+                    endpoint,
+                    body,
+                },
+            ]
         })
+        .flat_map(|pair| pair.into_iter().rev())
         .collect()
 }
 

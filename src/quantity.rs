@@ -59,17 +59,23 @@ pub fn parse(s: &str) -> Result<i128, QuantityError> {
         _ => return Err(err()),
     };
     let (int_part, frac_part) = num.split_once('.').unwrap_or((num, ""));
-    let digits = format!("{int_part}{frac_part}");
-    let digits = digits.trim_start_matches('0');
-    // i128::MAX has 39 digits: anything [`format`] writes fits, larger fails to parse below.
-    if digits.len() > 39 {
-        return Err(err());
+    // The digits of both parts as one integer, leading zeros dropped. i128::MAX has 39
+    // digits: anything [`format`] writes fits, larger fails.
+    let mut mantissa: i128 = 0;
+    let mut significant = 0;
+    for d in int_part.bytes().chain(frac_part.bytes()) {
+        if significant == 0 && d == b'0' {
+            continue;
+        }
+        significant += 1;
+        if significant > 39 {
+            return Err(err());
+        }
+        mantissa = mantissa
+            .checked_mul(10)
+            .and_then(|m| m.checked_add(i128::from(d - b'0')))
+            .ok_or_else(err)?;
     }
-    let mantissa: i128 = if digits.is_empty() {
-        0
-    } else {
-        digits.parse().map_err(|_| err())?
-    };
     // value = mantissa * mul * 10^(pow10 - frac_len) ; in nano-units add 9
     let exp = pow10 - frac_part.len() as i32 + 9;
     let scaled = mantissa.checked_mul(mul).ok_or_else(err)?;
