@@ -6,5 +6,8 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
-    std::process::exit(tollgate::cli::main());
+    let code = tollgate::cli::main();
+    // Review log lines are batched; `exit` would not wait for them.
+    tollgate::telemetry::flush();
+    std::process::exit(code);
 }
