@@ -81,10 +81,6 @@ impl Snapshot {
         })
         .map(|c| c as usize)
     }
-
-    fn member(&self, n: usize, key: &[u8]) -> Option<usize> {
-        self.children(n).find(|&c| self.key(c) == key)
-    }
 }
 
 /// The JSON patch from `before` to `after` as JSON text: the operations `json_patch::diff`
@@ -121,21 +117,33 @@ impl OpWriter {
     fn diff(&mut self, b: &Snapshot, bn: usize, a: &Snapshot, an: usize) -> serde_json::Result<()> {
         match (b.nodes[bn].kind, a.nodes[an].kind) {
             (Kind::Object, Kind::Object) => {
-                for (key, ac) in sorted_members(a, an)? {
-                    let len = self.push_key(&key);
-                    match b.member(bn, a.key(ac)) {
-                        Some(bc) if b.span(bc) == a.span(ac) => {}
-                        Some(bc) => self.diff(b, bc, a, ac)?,
-                        None => self.op("add", Some(a.span(ac)))?,
+                // Both sides in key order, joined in one pass: a map of thousands of
+                // annotations costs a sort, not a search per key.
+                let (bm, am) = (sorted_members(b, bn)?, sorted_members(a, an)?);
+                let mut removed = vec![];
+                let mut j = 0;
+                for (key, ac) in &am {
+                    while j < bm.len() && bm[j].0 < *key {
+                        removed.push(j);
+                        j += 1;
+                    }
+                    let len = self.push_key(key);
+                    match bm.get(j).filter(|(k, _)| k == key) {
+                        Some(&(_, bc)) => {
+                            j += 1;
+                            if b.span(bc) != a.span(*ac) {
+                                self.diff(b, bc, a, *ac)?;
+                            }
+                        }
+                        None => self.op("add", Some(a.span(*ac)))?,
                     }
                     self.path.truncate(len);
                 }
-                for (key, bc) in sorted_members(b, bn)? {
-                    if a.member(an, b.key(bc)).is_none() {
-                        let len = self.push_key(&key);
-                        self.op("remove", None)?;
-                        self.path.truncate(len);
-                    }
+                removed.extend(j..bm.len());
+                for i in removed {
+                    let len = self.push_key(&bm[i].0);
+                    self.op("remove", None)?;
+                    self.path.truncate(len);
                 }
             }
             (Kind::Array, Kind::Array) => {
@@ -503,5 +511,28 @@ mod tests {
                 assert_eq!(pruned(x, y), json_patch::diff(x, y), "{x} -> {y}");
             }
         }
+    }
+
+    /// Thousands of keys, some removed, some added, some changed, interleaved.
+    #[test]
+    fn large_maps() {
+        let before: std::collections::BTreeMap<String, String> = (0..5000)
+            .map(|i| (format!("k{i:05}"), format!("v{i}")))
+            .collect();
+        let mut after = before.clone();
+        for i in (0..5000).step_by(7) {
+            after.remove(&format!("k{i:05}"));
+        }
+        for i in (0..5000).step_by(11) {
+            after.insert(format!("k{i:05}"), "changed".into());
+        }
+        for i in 0..50 {
+            after.insert(format!("k{i:05}x"), "new".into());
+        }
+        let (b, a) = (
+            serde_json::to_value(&before).unwrap(),
+            serde_json::to_value(&after).unwrap(),
+        );
+        assert_eq!(pruned(&before, &after), json_patch::diff(&b, &a));
     }
 }

@@ -195,40 +195,23 @@ struct Meta {
 
 impl Meta {
     fn into_object_meta(self) -> ObjectMeta {
-        let Meta {
-            annotations,
-            creation_timestamp,
-            deletion_grace_period_seconds,
-            deletion_timestamp,
-            finalizers,
-            generate_name,
-            generation,
-            labels,
-            name,
-            namespace,
-            owner_references,
-            resource_version,
-            self_link,
-            uid,
-        } = self;
-        // Spelled out, without `..`, so that a field added to ObjectMeta is a compile error
-        // here until it is read above.
+        // Without `..`: a field added to ObjectMeta is a compile error here until it is read.
         ObjectMeta {
-            annotations,
-            creation_timestamp,
-            deletion_grace_period_seconds,
-            deletion_timestamp,
-            finalizers,
-            generate_name,
-            generation,
-            labels,
+            annotations: self.annotations,
+            creation_timestamp: self.creation_timestamp,
+            deletion_grace_period_seconds: self.deletion_grace_period_seconds,
+            deletion_timestamp: self.deletion_timestamp,
+            finalizers: self.finalizers,
+            generate_name: self.generate_name,
+            generation: self.generation,
+            labels: self.labels,
             managed_fields: None,
-            name,
-            namespace,
-            owner_references,
-            resource_version,
-            self_link,
-            uid,
+            name: self.name,
+            namespace: self.namespace,
+            owner_references: self.owner_references,
+            resource_version: self.resource_version,
+            self_link: self.self_link,
+            uid: self.uid,
         }
     }
 }

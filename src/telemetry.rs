@@ -72,7 +72,9 @@ pub fn flush() {
 }
 
 fn lock() -> std::sync::MutexGuard<'static, Vec<u8>> {
-    WAITING.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    WAITING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn write_out(waiting: &mut Vec<u8>) {
