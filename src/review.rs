@@ -433,11 +433,21 @@ fn mutate_pod(
     if mutate::is_training_pod(policy, &pod) {
         let before = diff::Snapshot::of(&pod);
         let outcome = mutate::mutate(policy, &mut pod);
-        let patch = before
-            .and_then(|b| diff::patch_text(&b, &diff::Snapshot::of(&pod)?))
-            .expect("a pod always serialises");
+        let patch = before.and_then(|b| diff::patch_text(&b, &diff::Snapshot::of(&pod)?));
         warnings.extend(outcome.warnings);
         out.steps = outcome.applied;
+        let patch = match patch {
+            Ok(p) => p,
+            // Writing a typed pod as JSON does not fail; if it ever did, the pod goes in as
+            // it came rather than being refused over tollgate's own trouble.
+            Err(e) => {
+                warnings.push(format!(
+                    "tollgate: could not compute its changes ({e}); the pod was allowed unchanged"
+                ));
+                out.steps.clear();
+                None
+            }
+        };
         if let Some(patch) = patch {
             out.result = Result::Patched;
             // AdmissionResponse::with_patch takes the response and the patch by value; rather
