@@ -30,9 +30,10 @@ pub enum Shape {
     /// Everything but `metadata.managedFields` (and `oldObject`): what mutation needs to
     /// compute a patch over the spec.
     Full,
-    /// Metadata (without managedFields) and, of the spec, the containers' names, requests,
-    /// limits and restart policies and the pod-level resources: what validation and the
-    /// opt-out read. Every other field of the spec stays at its default.
+    /// Of the metadata, the name, generateName, namespace and annotations; of the spec, the
+    /// containers' names, requests, limits and restart policies and the pod-level
+    /// resources: what validation and the opt-out read. Everything else stays at its
+    /// default.
     Validation,
 }
 
@@ -40,17 +41,18 @@ pub enum Shape {
 /// when the fast path cannot read it (the caller then takes the full parse).
 pub fn request(body: &[u8], shape: Shape) -> Option<AdmissionRequest<Pod>> {
     match shape {
-        Shape::Full => read::<FullSpec, PodStatus>(body),
-        Shape::Validation => read::<ValidationSpec, Skipped>(body),
+        Shape::Full => read::<Meta, FullSpec, PodStatus>(body),
+        Shape::Validation => read::<ValidationMeta, ValidationSpec, Skipped>(body),
     }
 }
 
-fn read<S, T>(body: &[u8]) -> Option<AdmissionRequest<Pod>>
+fn read<M, S, T>(body: &[u8]) -> Option<AdmissionRequest<Pod>>
 where
+    M: for<'de> Deserialize<'de> + Into<ObjectMeta>,
     S: for<'de> Deserialize<'de> + Into<PodSpec>,
     T: for<'de> Deserialize<'de> + Into<Option<PodStatus>>,
 {
-    let review: Review<S, T> = serde_json::from_slice(body).ok()?;
+    let review: Review<M, S, T> = serde_json::from_slice(body).ok()?;
     if review.api_version != "admission.k8s.io/v1" || review.kind != "AdmissionReview" {
         return None;
     }
@@ -82,15 +84,15 @@ where
 // without `response`, `oldObject` and `options`, which unknown-field skipping passes over.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Review<S, T> {
+struct Review<M, S, T> {
     api_version: String,
     kind: String,
-    request: Option<Request<S, T>>,
+    request: Option<Request<M, S, T>>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Request<S, T> {
+struct Request<M, S, T> {
     uid: String,
     kind: GroupVersionKind,
     resource: GroupVersionResource,
@@ -108,30 +110,27 @@ struct Request<S, T> {
     namespace: Option<String>,
     operation: Operation,
     user_info: UserInfo,
-    object: Option<PodOf<S, T>>,
+    object: Option<PodOf<M, S, T>>,
     #[serde(default)]
     dry_run: bool,
 }
 
 /// k8s-openapi's Pod: `apiVersion` and `kind`, when present, must be `v1` and `Pod`.
 #[derive(Deserialize)]
-struct PodOf<S, T> {
+struct PodOf<M, S, T> {
     #[serde(default, rename = "apiVersion", deserialize_with = "expect_v1")]
     _api_version: (),
     #[serde(default, rename = "kind", deserialize_with = "expect_pod")]
     _kind: (),
-    metadata: Option<Meta>,
+    metadata: Option<M>,
     spec: Option<S>,
     status: Option<T>,
 }
 
-impl<S: Into<PodSpec>, T: Into<Option<PodStatus>>> PodOf<S, T> {
+impl<M: Into<ObjectMeta>, S: Into<PodSpec>, T: Into<Option<PodStatus>>> PodOf<M, S, T> {
     fn into_pod(self) -> Pod {
         Pod {
-            metadata: self
-                .metadata
-                .map(Meta::into_object_meta)
-                .unwrap_or_default(),
+            metadata: self.metadata.map(Into::into).unwrap_or_default(),
             spec: self.spec.map(Into::into),
             status: self.status.and_then(Into::into),
         }
@@ -193,25 +192,47 @@ struct Meta {
     uid: Option<String>,
 }
 
-impl Meta {
-    fn into_object_meta(self) -> ObjectMeta {
+impl From<Meta> for ObjectMeta {
+    fn from(m: Meta) -> ObjectMeta {
         // Without `..`: a field added to ObjectMeta is a compile error here until it is read.
         ObjectMeta {
-            annotations: self.annotations,
-            creation_timestamp: self.creation_timestamp,
-            deletion_grace_period_seconds: self.deletion_grace_period_seconds,
-            deletion_timestamp: self.deletion_timestamp,
-            finalizers: self.finalizers,
-            generate_name: self.generate_name,
-            generation: self.generation,
-            labels: self.labels,
+            annotations: m.annotations,
+            creation_timestamp: m.creation_timestamp,
+            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+            deletion_timestamp: m.deletion_timestamp,
+            finalizers: m.finalizers,
+            generate_name: m.generate_name,
+            generation: m.generation,
+            labels: m.labels,
             managed_fields: None,
-            name: self.name,
-            namespace: self.namespace,
-            owner_references: self.owner_references,
-            resource_version: self.resource_version,
-            self_link: self.self_link,
-            uid: self.uid,
+            name: m.name,
+            namespace: m.namespace,
+            owner_references: m.owner_references,
+            resource_version: m.resource_version,
+            self_link: m.self_link,
+            uid: m.uid,
+        }
+    }
+}
+
+/// What validation reads of ObjectMeta: the opt-out annotation and the name it shows.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ValidationMeta {
+    annotations: Option<BTreeMap<String, String>>,
+    generate_name: Option<String>,
+    name: Option<String>,
+    namespace: Option<String>,
+}
+
+impl From<ValidationMeta> for ObjectMeta {
+    fn from(m: ValidationMeta) -> ObjectMeta {
+        ObjectMeta {
+            annotations: m.annotations,
+            generate_name: m.generate_name,
+            name: m.name,
+            namespace: m.namespace,
+            ..Default::default()
         }
     }
 }
