@@ -41,9 +41,14 @@ pub enum Shape {
 /// when the fast path cannot read it (the caller then takes the full parse).
 pub fn request(body: &[u8], shape: Shape) -> Option<AdmissionRequest<Pod>> {
     match shape {
-        Shape::Full => read::<Meta, FullSpec, PodStatus>(body),
+        Shape::Full => read::<Meta, PodSpec, PodStatus>(body),
         Shape::Validation => read::<ValidationMeta, ValidationSpec, Skipped>(body),
     }
+}
+
+/// The one envelope tollgate answers: an `admission.k8s.io/v1` AdmissionReview.
+pub fn is_admission_review_v1(api_version: &str, kind: &str) -> bool {
+    api_version == "admission.k8s.io/v1" && kind == "AdmissionReview"
 }
 
 fn read<M, S, T>(body: &[u8]) -> Option<AdmissionRequest<Pod>>
@@ -53,7 +58,7 @@ where
     T: for<'de> Deserialize<'de> + Into<Option<PodStatus>>,
 {
     let review: Review<M, S, T> = serde_json::from_slice(body).ok()?;
-    if review.api_version != "admission.k8s.io/v1" || review.kind != "AdmissionReview" {
+    if !is_admission_review_v1(&review.api_version, &review.kind) {
         return None;
     }
     let r = review.request?;
@@ -234,17 +239,6 @@ impl From<ValidationMeta> for ObjectMeta {
             namespace: m.namespace,
             ..Default::default()
         }
-    }
-}
-
-/// The whole PodSpec, through k8s-openapi.
-#[derive(Deserialize)]
-#[serde(transparent)]
-struct FullSpec(PodSpec);
-
-impl From<FullSpec> for PodSpec {
-    fn from(s: FullSpec) -> PodSpec {
-        s.0
     }
 }
 

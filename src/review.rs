@@ -280,7 +280,7 @@ fn anchor(sent: Value, patch: &json_patch::Patch) -> Option<json_patch::Patch> {
 }
 
 fn check_envelope(api_version: &str, kind: &str) -> std::result::Result<(), ReviewError> {
-    if kind != "AdmissionReview" || api_version != "admission.k8s.io/v1" {
+    if !parse::is_admission_review_v1(api_version, kind) {
         return Err(ReviewError::NotAdmissionReview(format!(
             "apiVersion {api_version:?} kind {kind:?}; register the webhook with admissionReviewVersions: [v1]"
         )));
