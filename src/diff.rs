@@ -98,19 +98,17 @@ pub fn patch_text(before: &Snapshot, after: &Snapshot) -> serde_json::Result<Opt
     let mut w = OpWriter {
         out: Vec::with_capacity(512),
         path: String::with_capacity(64),
-        ops: 0,
     };
     w.out.push(b'[');
     w.diff(before, 0, after, 0)?;
     w.out.push(b']');
-    Ok((w.ops > 0).then_some(w.out))
+    Ok((w.out.len() > 2).then_some(w.out))
 }
 
 struct OpWriter {
     out: Vec<u8>,
     /// The JSON pointer of the value being compared, unescaped for JSON.
     path: String,
-    ops: usize,
 }
 
 impl OpWriter {
@@ -190,10 +188,10 @@ impl OpWriter {
     }
 
     fn op(&mut self, name: &str, value: Option<&[u8]>) -> serde_json::Result<()> {
-        if self.ops > 0 {
+        // `out` holds `[` and the operations so far.
+        if self.out.len() > 1 {
             self.out.push(b',');
         }
-        self.ops += 1;
         self.out.extend_from_slice(b"{\"op\":\"");
         self.out.extend_from_slice(name.as_bytes());
         self.out.extend_from_slice(b"\",\"path\":");
