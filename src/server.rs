@@ -15,7 +15,7 @@ use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::any;
+use axum::routing::{any, MethodRouter};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -112,9 +112,18 @@ impl AppState {
 
 /// The webhook's routes. Used by the TLS server and, without a socket, by tests.
 pub fn router(state: Arc<AppState>) -> Router {
+    routes(state, any(mutate), any(validate))
+}
+
+/// The route table, with the two review handlers given: the webhook's and the floor's.
+fn routes(
+    state: Arc<AppState>,
+    mutate: MethodRouter<Arc<AppState>>,
+    validate: MethodRouter<Arc<AppState>>,
+) -> Router {
     Router::new()
-        .route("/mutate", any(mutate))
-        .route("/validate", any(validate))
+        .route("/mutate", mutate)
+        .route("/validate", validate)
         .route("/healthz", any(healthz))
         .route("/readyz", any(readyz))
         .fallback(not_found)
@@ -501,13 +510,7 @@ pub fn floor_router(state: Arc<AppState>) -> Router {
             Err(resp) => resp,
         }
     }
-    Router::new()
-        .route("/mutate", any(constant))
-        .route("/validate", any(constant))
-        .route("/healthz", any(healthz))
-        .route("/readyz", any(readyz))
-        .fallback(not_found)
-        .with_state(state)
+    routes(state, any(constant), any(constant))
 }
 
 /// Binds the sockets and serves `app(state)` behind TLS in the background.
