@@ -116,6 +116,22 @@ async fn certificate_is_reloaded_without_restart_and_a_bad_pair_is_refused() {
     server.running.shutdown().await;
 }
 
+/// Whether the server turns this client away: at the handshake, or (TLS 1.3 reports the
+/// client's rejection after the handshake) on its first request.
+async fn refused(server: &net::TestServer, cfg: rustls::ClientConfig) -> bool {
+    match Client::connect_with(server.addr(), cfg).await {
+        Err(_) => true,
+        Ok(mut c) => c
+            .request(
+                "POST",
+                "/validate",
+                common::fixture("resnet50-master-0.validate.json"),
+            )
+            .await
+            .is_err(),
+    }
+}
+
 #[tokio::test]
 async fn client_certificates_are_required_with_client_ca() {
     let dir = tempfile::tempdir().unwrap();
@@ -154,19 +170,7 @@ async fn client_certificates_are_required_with_client_ca() {
             ),
         ),
     ] {
-        let refused = match Client::connect_with(server.addr(), cfg).await {
-            Err(_) => true,
-            // TLS 1.3 reports the client's rejection after the handshake, on first use.
-            Ok(mut c) => c
-                .request(
-                    "POST",
-                    "/validate",
-                    common::fixture("resnet50-master-0.validate.json"),
-                )
-                .await
-                .is_err(),
-        };
-        assert!(refused, "{what} is refused");
+        assert!(refused(&server, cfg).await, "{what} is refused");
     }
     server.running.shutdown().await;
 }
@@ -342,18 +346,10 @@ async fn an_expired_client_certificate_is_refused() {
     let server = net::start(|o| o.client_ca = Some(ca_path)).await;
     for alpn in [&b"h2"[..], &b"http/1.1"[..]] {
         let cfg = net::client_config(&server.ca_pem, &[alpn], Some((&cert, &key)));
-        let refused = match Client::connect_with(server.addr(), cfg).await {
-            Err(_) => true,
-            Ok(mut c) => c
-                .request(
-                    "POST",
-                    "/validate",
-                    common::fixture("resnet50-master-0.validate.json"),
-                )
-                .await
-                .is_err(),
-        };
-        assert!(refused, "an expired client certificate was accepted");
+        assert!(
+            refused(&server, cfg).await,
+            "an expired client certificate was accepted"
+        );
     }
     server.running.shutdown().await;
 }
