@@ -360,7 +360,7 @@ mod tests {
         )
     }
 
-    fn pruned<T: Serialize>(before: &T, after: &T) -> json_patch::Patch {
+    fn text_patch<T: Serialize>(before: &T, after: &T) -> json_patch::Patch {
         let (b, a) = (Snapshot::of(before).unwrap(), Snapshot::of(after).unwrap());
         assert_eq!(b.text(), serde_json::to_vec(before).unwrap());
         assert_eq!(a.text(), serde_json::to_vec(after).unwrap());
@@ -394,9 +394,9 @@ mod tests {
     /// Every way the after-pod can differ from the before-pod, one at a time and a few at
     /// once: each field of the spec and of each container removed, or replaced by that
     /// field of another pod or container; containers added, removed, reordered; the
-    /// annotations changed. The pruned diff is the plain diff each time.
+    /// annotations changed. The patch from the texts is the plain diff each time.
     #[test]
-    fn pruned_diff_is_the_full_diff() {
+    fn text_patch_is_the_full_diff() {
         let pods = fixture_pods();
         assert!(pods.len() >= 12);
         let mut donors: Vec<(String, Value)> = vec![];
@@ -479,7 +479,7 @@ mod tests {
                 let mut after = after;
                 after.metadata.managed_fields = None;
                 assert_eq!(
-                    pruned(&before, &after),
+                    text_patch(&before, &after),
                     full(&before, &after),
                     "pod {i} variant {j}"
                 );
@@ -506,7 +506,7 @@ mod tests {
         ];
         for x in &docs {
             for y in &docs {
-                assert_eq!(pruned(x, y), json_patch::diff(x, y), "{x} -> {y}");
+                assert_eq!(text_patch(x, y), json_patch::diff(x, y), "{x} -> {y}");
             }
         }
     }
@@ -531,6 +531,6 @@ mod tests {
             serde_json::to_value(&before).unwrap(),
             serde_json::to_value(&after).unwrap(),
         );
-        assert_eq!(pruned(&before, &after), json_patch::diff(&b, &a));
+        assert_eq!(text_patch(&before, &after), json_patch::diff(&b, &a));
     }
 }
