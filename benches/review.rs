@@ -22,8 +22,8 @@ use std::path::PathBuf;
 
 use criterion::{criterion_group, Criterion};
 use serde_json::{json, Value};
-use tollgate::policy::Policy;
-use tollgate::review::{review_bytes, Endpoint};
+use tollgate_core::policy::Policy;
+use tollgate_core::review::{review_bytes, Endpoint};
 
 /// The allocator of the tollgate binary (src/main.rs), so that times are the server's.
 #[global_allocator]
@@ -171,7 +171,7 @@ fn bench_review(c: &mut Criterion) {
             let r = review_bytes(case.endpoint, &policy, &case.body).unwrap();
             assert_eq!(
                 r.steps.len(),
-                tollgate::mutate::Step::ALL.len(),
+                tollgate_core::mutate::Step::ALL.len(),
                 "the large pod must go through every mutation step: {:?}",
                 r.steps
             );

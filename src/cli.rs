@@ -8,10 +8,10 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
 
-use crate::policy::Policy;
-use crate::review::{review_bytes, Endpoint, Reviewed};
 use crate::server::{self, Limits, ServeOptions};
 use crate::telemetry::{self, LogFormat};
+use tollgate_core::policy::Policy;
+use tollgate_core::review::{review_bytes, Endpoint, Reviewed};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -446,7 +446,7 @@ pub fn run_review(policy: &Policy, value: &Value, a: &ReviewArgs) -> Result<CliR
         if object.is_some() {
             // What the apiserver does between the two webhooks.
             let mut defaulted = pod.clone();
-            crate::pod::default_requests_from_limits(&mut defaulted);
+            tollgate_core::pod::default_requests_from_limits(&mut defaulted);
             if let Some(o) = to_validate.pointer_mut("/request/object") {
                 *o = defaulted;
             }

@@ -9,10 +9,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::mutate::Step;
-use crate::optout::OptOut;
-use crate::review::{Endpoint, Result as ReviewResult, Reviewed};
-use crate::validate::Verdict;
+use tollgate_core::mutate::Step;
+use tollgate_core::optout::OptOut;
+use tollgate_core::review::{Endpoint, Result as ReviewResult, Reviewed};
+use tollgate_core::validate::Verdict;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReviewLabels {

@@ -1,6 +1,6 @@
 //! The HTTP shell: routes, limits, TLS serving, reloads and graceful shutdown.
 //!
-//! Everything here is thin: the decision is [`crate::review::review_bytes`], the same call
+//! Everything here is thin: the decision is [`tollgate_core::review::review_bytes`], the same call
 //! the `review` command makes.
 
 use std::future::Future;
@@ -26,10 +26,10 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use crate::metrics::{Metrics, ResultLabels};
-use crate::optout::OptOut;
-use crate::policy::Policy;
-use crate::review::{review_bytes, Endpoint, Reviewed};
 use crate::tls::CertStore;
+use tollgate_core::optout::OptOut;
+use tollgate_core::policy::Policy;
+use tollgate_core::review::{review_bytes, Endpoint, Reviewed};
 
 /// The policy in force and the hash that identifies it in metrics and logs.
 #[derive(Debug)]

@@ -30,8 +30,8 @@ use http_body_util::BodyExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 use serde_json::Value;
-use tollgate::policy::Policy;
-use tollgate::review::{review_bytes, Endpoint};
+use tollgate_core::policy::Policy;
+use tollgate_core::review::{review_bytes, Endpoint};
 use tower::ServiceExt as _;
 
 #[derive(Deserialize)]
@@ -265,7 +265,7 @@ fn check_mutation(case: &Case, response: &Value, failures: &mut Vec<String>) {
             return;
         }
     };
-    for p in tollgate::check::problems(&typed) {
+    for p in tollgate_core::check::problems(&typed) {
         failures.push(format!("{name}: the mutated pod is invalid: {p}"));
     }
     // Idempotency: the mutated pod, sent again (as reinvocation does), gets no patch.

@@ -9,10 +9,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Value};
-use tollgate::mutate::mutate;
-use tollgate::policy::{Policy, SidecarMode};
-use tollgate::quantity;
-use tollgate::review::{review_bytes, Endpoint};
+use tollgate_core::mutate::mutate;
+use tollgate_core::policy::{Policy, SidecarMode};
+use tollgate_core::quantity;
+use tollgate_core::review::{review_bytes, Endpoint};
 
 const CASES: u64 = 1500;
 
@@ -513,19 +513,19 @@ fn gen_policy(rng: &mut Rng) -> Policy {
 /// mutated training pod is not denied for a resource the defaults supplied.
 fn check_agreement(seed: u64, policy: &Policy, input: &Value) {
     let before: Pod = serde_json::from_value(input.clone()).unwrap();
-    if !tollgate::mutate::is_training_pod(policy, &before) {
+    if !tollgate_core::mutate::is_training_pod(policy, &before) {
         return;
     }
     let mut pod = before.clone();
     mutate(policy, &mut pod);
     let mut defaulted = serde_json::to_value(&pod).unwrap();
-    tollgate::pod::default_requests_from_limits(&mut defaulted);
+    tollgate_core::pod::default_requests_from_limits(&mut defaulted);
     let defaulted: Pod = serde_json::from_value(defaulted).unwrap();
     let dr = &policy.mutation.default_resources;
     if !dr.enabled {
         return;
     }
-    for missing in tollgate::validate::missing_requests(policy, &defaulted) {
+    for missing in tollgate_core::validate::missing_requests(policy, &defaulted) {
         let c = all_containers(&defaulted)
             .into_iter()
             .find(|c| c.name == missing.container)
@@ -541,7 +541,7 @@ fn check_agreement(seed: u64, policy: &Policy, input: &Value) {
         if unreadable {
             continue;
         }
-        let has_gpu = !tollgate::pod::gpus_of(policy, c).is_empty();
+        let has_gpu = !tollgate_core::pod::gpus_of(policy, c).is_empty();
         for r in &missing.resources {
             let supplied = dr.limits.contains_key(r) || (has_gpu && dr.per_gpu.contains_key(r));
             assert!(

@@ -4,8 +4,8 @@
 mod common;
 
 use serde_json::{json, Value};
-use tollgate::policy::{Policy, SidecarMode};
-use tollgate::review::{review_bytes, Endpoint};
+use tollgate_core::policy::{Policy, SidecarMode};
+use tollgate_core::review::{review_bytes, Endpoint};
 
 /// The mutation invariants the fuzz targets check: the patch applies to the object as sent,
 /// and a second pass over the patched object patches nothing.
@@ -79,7 +79,7 @@ fn sidecar_into_a_pod_without_a_containers_list() {
 /// write a limit (a per-GPU product, say) that it could not read back.
 #[test]
 fn formatted_quantities_parse_back() {
-    use tollgate::quantity::{format, format_for, parse};
+    use tollgate_core::quantity::{format, format_for, parse};
     for input in [
         "0000000000009950999000000000000000900019.5",
         "9950999000000000000000900019500m",
@@ -98,7 +98,7 @@ fn formatted_quantities_parse_back() {
 /// for values near the top of the range.
 #[test]
 fn rounding_up_near_the_top_does_not_overflow() {
-    use tollgate::quantity::parse;
+    use tollgate_core::quantity::parse;
     // (2^67 - 1) * 2^60 * 10^-28 units: just below i128::MAX before the division by 10^19.
     let n = parse("0.0000000147573952589676412927Ei").unwrap();
     let scaled: i128 = ((1i128 << 67) - 1) << 60;

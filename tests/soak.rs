@@ -18,7 +18,7 @@ use common::net::{self, Client};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
-use tollgate::review::{review_bytes, Endpoint};
+use tollgate_core::review::{review_bytes, Endpoint};
 
 /// Most valid reviews one run sends, whatever its duration.
 const MAX_REVIEWS: u64 = 2_000_000;

@@ -5,8 +5,8 @@
 use arbitrary::Unstructured;
 use k8s_openapi::api::core::v1::Pod;
 use libfuzzer_sys::fuzz_target;
-use tollgate::policy::Operation;
-use tollgate::review::Requester;
+use tollgate_core::policy::Operation;
+use tollgate_core::requester::Requester;
 
 fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
@@ -35,12 +35,12 @@ fuzz_target!(|data: &[u8]| {
         },
     };
     for op in [Operation::Create, Operation::Update] {
-        let _ = tollgate::validate::validate(&policy, &before, op, &who);
+        let _ = tollgate_core::validate::validate(&policy, &before, op, &who);
     }
-    let _ = tollgate::optout::decide(&policy, &before, &who);
-    let training = tollgate::mutate::is_training_pod(&policy, &before);
+    let _ = tollgate_core::optout::decide(&policy, &before, &who);
+    let training = tollgate_core::mutate::is_training_pod(&policy, &before);
     let mut pod = before.clone();
-    let first = tollgate::mutate::mutate(&policy, &mut pod);
+    let first = tollgate_core::mutate::mutate(&policy, &mut pod);
     if !training {
         // mutate() itself does not look at selection; it must still behave.
     }
@@ -50,8 +50,8 @@ fuzz_target!(|data: &[u8]| {
     let mut patched = before_json.clone();
     json_patch::patch(&mut patched, &patch).expect("the diff applies to its input");
     assert_eq!(patched, after_json);
-    if tollgate::check::problems(&before).is_empty() {
-        let p = tollgate::check::problems(&pod);
+    if tollgate_core::check::problems(&before).is_empty() {
+        let p = tollgate_core::check::problems(&pod);
         assert!(
             p.is_empty(),
             "{p:?} after {:?}\n{before_json}",
@@ -59,7 +59,7 @@ fuzz_target!(|data: &[u8]| {
         );
     }
     let mut again: Pod = serde_json::from_value(after_json.clone()).unwrap();
-    let second = tollgate::mutate::mutate(&policy, &mut again);
+    let second = tollgate_core::mutate::mutate(&policy, &mut again);
     assert!(
         second.applied.is_empty(),
         "second pass applied {:?}\n{before_json}",
@@ -67,6 +67,6 @@ fuzz_target!(|data: &[u8]| {
     );
     assert_eq!(serde_json::to_value(&again).unwrap(), after_json);
     for op in [Operation::Create, Operation::Update] {
-        let _ = tollgate::validate::validate(&policy, &pod, op, &who);
+        let _ = tollgate_core::validate::validate(&policy, &pod, op, &who);
     }
 });

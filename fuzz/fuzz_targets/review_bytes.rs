@@ -4,17 +4,17 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use tollgate::policy::Policy;
+use tollgate_core::policy::Policy;
 
 static POLICY: OnceLock<Policy> = OnceLock::new();
 
 fuzz_target!(|data: &[u8]| {
     let policy = POLICY.get_or_init(tollgate_fuzz::default_policy);
     for endpoint in [
-        tollgate::review::Endpoint::Mutate,
-        tollgate::review::Endpoint::Validate,
+        tollgate_core::review::Endpoint::Mutate,
+        tollgate_core::review::Endpoint::Validate,
     ] {
-        if let Ok(r) = tollgate::review::review_bytes(endpoint, policy, data) {
+        if let Ok(r) = tollgate_core::review::review_bytes(endpoint, policy, data) {
             let _ = r.to_json();
         }
     }

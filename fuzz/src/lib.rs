@@ -5,8 +5,8 @@ use arbitrary::{Result, Unstructured};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Value};
-use tollgate::policy::{Mode, Operation, Policy, SidecarMode};
-use tollgate::review::{review_bytes, Endpoint};
+use tollgate_core::policy::{Mode, Operation, Policy, SidecarMode};
+use tollgate_core::review::{review_bytes, Endpoint};
 
 pub const DEFAULT_POLICY: &str = include_str!("../../policies/default.yaml");
 
@@ -408,8 +408,8 @@ pub fn check_mutation(policy: &Policy, review: &Value) {
 }
 
 fn check_still_valid(before: &Pod, after: &Pod, object: &Value) {
-    if tollgate::check::problems(before).is_empty() {
-        let p = tollgate::check::problems(after);
+    if tollgate_core::check::problems(before).is_empty() {
+        let p = tollgate_core::check::problems(after);
         assert!(
             p.is_empty(),
             "mutation made a valid pod invalid: {p:?}\n{object}"

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tollgate::policy::Policy;
 use tollgate::server::{ActivePolicy, AppState, Limits};
+use tollgate_core::policy::Policy;
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -735,7 +735,7 @@ mod tests {
 
     #[test]
     fn shipped_default_policy_loads_and_matches_builtin_defaults() {
-        let text = include_str!("../policies/default.yaml");
+        let text = include_str!("../../../policies/default.yaml");
         let p = Policy::from_text("policies/default.yaml", text).unwrap();
         assert_eq!(p, Policy::default());
     }

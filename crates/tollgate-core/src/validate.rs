@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::optout::{self, OptOut};
 use crate::pod::{containers, display_name};
 use crate::policy::{Mode, Operation, Policy};
-use crate::review::Requester;
+use crate::requester::Requester;
 
 /// What the validation decided, with everything the response and the logs need.
 #[derive(Debug, Clone, PartialEq, Eq)]

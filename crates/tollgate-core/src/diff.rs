@@ -371,8 +371,7 @@ mod tests {
     }
 
     fn fixture_pods() -> Vec<Value> {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/apiserver-v1.36");
+        let dir = crate::testdata::fixtures_dir();
         let mut out = vec![];
         for entry in std::fs::read_dir(dir).unwrap() {
             let v: Value =

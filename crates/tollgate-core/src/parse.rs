@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
-use kube::core::admission::{AdmissionRequest, Operation};
-use kube::core::{GroupVersionKind, GroupVersionResource, TypeMeta};
+use kube_core::admission::{AdmissionRequest, Operation};
+use kube_core::{GroupVersionKind, GroupVersionResource, TypeMeta};
 use serde::{Deserialize, Deserializer};
 
 /// How much of the pod to read.
@@ -288,11 +288,10 @@ impl From<ValidationSpec> for PodSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::core::admission::AdmissionReview;
+    use kube_core::admission::AdmissionReview;
 
     fn fixtures() -> Vec<(String, Vec<u8>)> {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/apiserver-v1.36");
+        let dir = crate::testdata::fixtures_dir();
         let mut out: Vec<_> = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| {

@@ -6,23 +6,16 @@
 use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::core::admission::{self, AdmissionRequest, AdmissionResponse, AdmissionReview};
-use kube::core::{DynamicObject, Status};
+use kube_core::admission::{self, AdmissionRequest, AdmissionResponse, AdmissionReview};
+use kube_core::{DynamicObject, Status};
 use serde_json::Value;
 
 use crate::mutate::{self, Step};
 use crate::optout::{self, OptOut};
 use crate::policy::{Operation, Policy};
+use crate::requester::Requester;
 use crate::validate::{self, Verdict};
 use crate::{diff, parse};
-
-/// Who asks, and where: what the opt-out governance looks at.
-#[derive(Debug, Clone, Copy)]
-pub struct Requester<'a> {
-    pub namespace: &'a str,
-    pub username: &'a str,
-    pub groups: &'a [String],
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -330,7 +323,7 @@ fn slow_path(
     Ok(reviewed)
 }
 
-fn skeleton<T: kube::Resource>(
+fn skeleton<T: kube_core::Resource>(
     endpoint: Endpoint,
     req: &AdmissionRequest<T>,
     pod: Option<&Pod>,
@@ -496,7 +489,7 @@ mod tests {
     /// sent them (managed fields and all) and as mutated.
     #[test]
     fn patch_is_the_full_diff() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = crate::testdata::root();
         let text = std::fs::read_to_string(root.join("policies/default.yaml")).unwrap();
         let policy = Policy::from_text("default.yaml", &text).unwrap();
         let mut patched = 0;

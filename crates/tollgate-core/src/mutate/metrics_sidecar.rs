@@ -371,7 +371,7 @@ mod tests {
     #[test]
     fn apiserver_fixture_round_trips_idempotently() {
         let review: Value = serde_json::from_str(include_str!(
-            "../../tests/fixtures/apiserver-v1.36/resnet50-master-0.mutate.json"
+            "../../../../tests/fixtures/apiserver-v1.36/resnet50-master-0.mutate.json"
         ))
         .unwrap();
         let mut p = pod(review["request"]["object"].clone());

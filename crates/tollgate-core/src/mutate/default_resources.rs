@@ -504,8 +504,10 @@ mod tests {
     #[test]
     fn apiserver_fixtures_round_trip_idempotently() {
         for text in [
-            include_str!("../../tests/fixtures/apiserver-v1.36/resnet50-master-0.mutate.json"),
-            include_str!("../../tests/fixtures/apiserver-v1.36/notebook-helper.mutate.json"),
+            include_str!(
+                "../../../../tests/fixtures/apiserver-v1.36/resnet50-master-0.mutate.json"
+            ),
+            include_str!("../../../../tests/fixtures/apiserver-v1.36/notebook-helper.mutate.json"),
         ] {
             let review: Value = serde_json::from_str(text).unwrap();
             let mut p = pod(review["request"]["object"].clone());

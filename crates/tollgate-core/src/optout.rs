@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::glob;
 use crate::pod::annotation_is_true;
 use crate::policy::Policy;
-use crate::review::Requester;
+use crate::requester::Requester;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OptOut {

@@ -1,0 +1,43 @@
+//! tollgate's engine: everything a review decides, with no I/O.
+//!
+//! No sockets, files, clocks or async runtime: the crate's dependencies do not include
+//! any, so the compiler keeps it so. The shell (the `tollgate` crate) reads the bytes, the
+//! files and the cluster, and hands them here.
+//!
+//! Modules import only from the layers below them (docs/architecture.md; tests/layers.rs
+//! checks it):
+//!
+//! 1. `glob`, `quantity`, `requester`, `diff`: leaves.
+//! 2. `policy`: the policy's types and loading from text.
+//! 3. `pod`: read helpers over a typed Pod.
+//! 4. `optout`, `mutate` (one module per step), `check`, `parse`.
+//! 5. `validate`.
+//! 6. `review`: an AdmissionReview in, an AdmissionReview out.
+#![forbid(unsafe_code)]
+
+pub mod check;
+pub mod diff;
+pub mod glob;
+pub mod mutate;
+pub mod optout;
+pub mod parse;
+pub mod pod;
+pub mod policy;
+pub mod quantity;
+pub mod requester;
+pub mod review;
+pub mod validate;
+
+#[cfg(test)]
+pub(crate) mod testdata {
+    use std::path::PathBuf;
+
+    /// The workspace root, where `policies/` and `tests/fixtures/` live.
+    pub fn root() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
+
+    pub fn fixtures_dir() -> PathBuf {
+        root().join("tests/fixtures/apiserver-v1.36")
+    }
+}
