@@ -1,0 +1,269 @@
+//! The webhook server: what it shares between requests, and starting and stopping it.
+//!
+//! Everything here is thin: the decision is [`tollgate_core::review::review_bytes`], the
+//! same call the `review` command makes. A reader finds
+//! - the routes and their handlers in [`routes`],
+//! - connection serving (TCP accept, TLS, HTTP/1.1 and HTTP/2, limits) in [`conn`],
+//! - the policy and certificate reloads in [`reload`],
+//! - graceful shutdown in [`shutdown`].
+
+mod conn;
+mod reload;
+mod routes;
+mod shutdown;
+
+pub use reload::load_policy;
+pub use routes::{floor_router, metrics_router, router};
+pub use shutdown::shutdown_signal;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use axum::Router;
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+use crate::tls::CertStore;
+use conn::Connections;
+use tollgate_core::policy::Policy;
+
+/// The policy in force and the hash that identifies it in metrics and logs.
+#[derive(Debug)]
+pub struct ActivePolicy {
+    pub policy: Policy,
+    pub hash: String,
+}
+
+impl ActivePolicy {
+    pub fn new(policy: Policy, text: &[u8]) -> Self {
+        ActivePolicy {
+            policy,
+            hash: hex(&Sha256::digest(text)[..8]),
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Limits that protect the server from misbehaving clients. Every one is a flag.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest review body accepted. An UPDATE review carries the object and the old object,
+    /// each up to the apiserver's 3 MiB limit, plus the envelope.
+    pub max_body_bytes: usize,
+    /// Deadline for reading a request body and answering it, kept below the webhooks'
+    /// timeouts so that a slow client cannot hold a review past the apiserver's patience.
+    pub review_deadline: Duration,
+    /// Time a client may take to finish the TLS handshake.
+    pub handshake_timeout: Duration,
+    /// Time an HTTP/1.1 client may take to send its request headers.
+    pub header_timeout: Duration,
+    /// Open connections at once; more wait in the kernel's accept queue.
+    pub max_connections: usize,
+    /// HTTP/2 streams per connection.
+    pub max_streams: u32,
+    /// A connection with no request in flight for this long is closed (gracefully: a GOAWAY
+    /// for HTTP/2), so that idle clients cannot hold connection slots for ever. It also
+    /// bounds a client that completes the TLS handshake and then sends nothing.
+    pub idle_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 7 * 1024 * 1024,
+            review_deadline: Duration::from_secs(2),
+            handshake_timeout: Duration::from_secs(5),
+            header_timeout: Duration::from_secs(5),
+            max_connections: 1024,
+            max_streams: 256,
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What every request handler shares.
+pub struct AppState {
+    pub policy: ArcSwap<ActivePolicy>,
+    pub metrics: Metrics,
+    pub limits: Limits,
+    /// False until the certificate is loaded, and again once shutdown starts.
+    pub ready: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(policy: ActivePolicy, limits: Limits) -> Arc<AppState> {
+        let metrics = Metrics::new();
+        metrics.set_policy_hash(&policy.hash);
+        Arc::new(AppState {
+            policy: ArcSwap::from_pointee(policy),
+            metrics,
+            limits,
+            ready: AtomicBool::new(true),
+        })
+    }
+}
+
+/// Everything `serve` needs, from the command line.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub listen: SocketAddr,
+    pub metrics_listen: Option<SocketAddr>,
+    pub policy_path: PathBuf,
+    pub cert_path: PathBuf,
+    pub key_path: PathBuf,
+    pub client_ca: Option<PathBuf>,
+    pub limits: Limits,
+    /// How often the policy and certificate files are checked for changes.
+    pub reload_interval: Duration,
+    /// After SIGTERM, how long to keep accepting while endpoints are updated.
+    pub shutdown_delay: Duration,
+    /// After that, how long in-flight requests get before the server exits anyway.
+    pub drain_timeout: Duration,
+}
+
+/// A running server: its addresses and a handle to stop it.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+    pub state: Arc<AppState>,
+    pub certs: Arc<CertStore>,
+    stop: watch::Sender<bool>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Starts graceful shutdown and waits for it to finish.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.done.await;
+    }
+
+    /// Waits for the server to stop after `signal` resolves.
+    pub async fn run_until(self, signal: impl Future<Output = ()>) {
+        signal.await;
+        self.shutdown().await;
+    }
+}
+
+/// Binds the sockets and starts serving in the background.
+pub async fn start(opts: ServeOptions) -> anyhow::Result<Running> {
+    start_with(opts, router).await
+}
+
+/// The benchmarks' floor: the same TLS, HTTP and connection handling as [`start`], but the
+/// review routes read the body and answer a constant allowed review without parsing it.
+/// What tollgate costs beyond this is its own doing (`tollgate serve --floor`, hidden).
+pub async fn start_floor(opts: ServeOptions) -> anyhow::Result<Running> {
+    start_with(opts, floor_router).await
+}
+
+/// Binds the sockets and serves `app(state)` behind TLS in the background.
+async fn start_with(
+    opts: ServeOptions,
+    app: fn(Arc<AppState>) -> Router,
+) -> anyhow::Result<Running> {
+    let policy_bytes = std::fs::read(&opts.policy_path)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", opts.policy_path.display()))?;
+    let active =
+        reload::policy_from_bytes(&opts.policy_path, &policy_bytes).map_err(anyhow::Error::msg)?;
+    let certs = Arc::new(CertStore::open(&opts.cert_path, &opts.key_path)?);
+    let tls = crate::tls::server_config(certs.clone(), opts.client_ca.as_deref())?;
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let state = AppState::new(active, opts.limits.clone());
+    state.metrics.cert_expiry.set(certs.not_after());
+
+    let listener = TcpListener::bind(opts.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.listen))?;
+    let addr = listener.local_addr()?;
+    let metrics_listener = match opts.metrics_listen {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {a} for metrics: {e}"))?,
+        ),
+        None => None,
+    };
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .map(|l| l.local_addr())
+        .transpose()?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let done = tokio::spawn(run(
+        opts,
+        policy_bytes,
+        app(state.clone()),
+        listener,
+        metrics_listener,
+        acceptor,
+        state.clone(),
+        certs.clone(),
+        stop_rx,
+    ));
+    let metrics_shown = metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string());
+    info!(%addr, metrics = %metrics_shown, policy = %state.policy.load().hash, "tollgate serving");
+    Ok(Running {
+        addr,
+        metrics_addr,
+        state,
+        certs,
+        stop: stop_tx,
+        done,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    opts: ServeOptions,
+    policy_bytes: Vec<u8>,
+    app: Router,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    acceptor: TlsAcceptor,
+    state: Arc<AppState>,
+    certs: Arc<CertStore>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let reloader = tokio::spawn(reload::reload_loop(
+        opts.clone(),
+        reload::PolicyWatch::new(policy_bytes),
+        state.clone(),
+        certs,
+        stop.clone(),
+    ));
+    let metrics_task = metrics_listener.map(|l| {
+        let app = metrics_router(state.clone());
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(l, app)
+                .with_graceful_shutdown(async move { shutdown::stopped(&mut stop).await })
+                .await;
+        })
+    });
+    let connections = Connections::new(acceptor, app, opts.limits.clone());
+    let until = shutdown::requested_then_delay(&mut stop, &state, opts.shutdown_delay);
+    connections.accept_until(&listener, until).await;
+    drop(listener);
+    info!(timeout = ?opts.drain_timeout, "no longer accepting; draining in-flight requests");
+    if !connections.drain(opts.drain_timeout).await {
+        warn!("drain timeout reached; exiting with requests still open");
+    }
+    reloader.abort();
+    if let Some(t) = metrics_task {
+        let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
+    }
+    info!("tollgate stopped");
+}

@@ -1,0 +1,287 @@
+//! The routes and their handlers: `POST /mutate` and `POST /validate` (each a call to
+//! [`review_bytes`], the same call the `review` command makes), the probes, the metrics
+//! port, and the floor the load benchmark measures against.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, MethodRouter};
+use axum::Router;
+use tracing::{info, warn};
+
+use super::{AppState, Limits};
+use crate::metrics::Metrics;
+use tollgate_core::optout::OptOut;
+use tollgate_core::review::{review_bytes, Endpoint, Reviewed};
+
+/// The webhook's routes. Used by the TLS server and, without a socket, by tests.
+pub fn router(state: Arc<AppState>) -> Router {
+    routes(state, any(mutate), any(validate))
+}
+
+/// The route table, with the two review handlers given: the webhook's and the floor's.
+fn routes(
+    state: Arc<AppState>,
+    mutate: MethodRouter<Arc<AppState>>,
+    validate: MethodRouter<Arc<AppState>>,
+) -> Router {
+    Router::new()
+        .route("/mutate", mutate)
+        .route("/validate", validate)
+        .route("/healthz", any(healthz))
+        .route("/readyz", any(readyz))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// The metrics port's routes (plain HTTP, separate from the webhook's TLS port).
+pub fn metrics_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            any(
+                |State(s): State<Arc<AppState>>, method: Method| async move {
+                    if method != Method::GET {
+                        return wrong_method(&method, "GET").into_response();
+                    }
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        s.metrics.encode(),
+                    )
+                        .into_response()
+                },
+            ),
+        )
+        .fallback(|| async {
+            text(
+                StatusCode::NOT_FOUND,
+                "not found: metrics are at GET /metrics\n",
+            )
+        })
+        .with_state(state)
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body.into(),
+    )
+        .into_response()
+}
+
+fn wrong_method(method: &Method, allowed: &'static str) -> Response {
+    let mut r = text(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("method {method} not allowed here; use {allowed}\n"),
+    );
+    r.headers_mut()
+        .insert(header::ALLOW, header::HeaderValue::from_static(allowed));
+    r
+}
+
+async fn not_found(req: Request) -> Response {
+    text(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no route for {}; tollgate serves POST /mutate, POST /validate, GET /healthz and GET /readyz\n",
+            req.uri().path()
+        ),
+    )
+}
+
+async fn healthz(method: Method) -> Response {
+    if method != Method::GET && method != Method::HEAD {
+        return wrong_method(&method, "GET");
+    }
+    text(StatusCode::OK, "ok\n")
+}
+
+async fn readyz(State(s): State<Arc<AppState>>, method: Method) -> Response {
+    if method != Method::GET && method != Method::HEAD {
+        return wrong_method(&method, "GET");
+    }
+    if s.ready.load(Ordering::Relaxed) {
+        text(
+            StatusCode::OK,
+            format!("ready: policy {}\n", s.policy.load().hash),
+        )
+    } else {
+        text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+async fn mutate(State(s): State<Arc<AppState>>, req: Request) -> Response {
+    handle(s, Endpoint::Mutate, req).await
+}
+
+async fn validate(State(s): State<Arc<AppState>>, req: Request) -> Response {
+    handle(s, Endpoint::Validate, req).await
+}
+
+/// Decrements the in-flight gauge however the handler ends (including a dropped future).
+struct InFlight<'a>(&'a Metrics);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.dec();
+    }
+}
+
+async fn handle(s: Arc<AppState>, endpoint: Endpoint, req: Request) -> Response {
+    let start = Instant::now();
+    s.metrics.in_flight.inc();
+    let _guard = InFlight(&s.metrics);
+    if req.method() != Method::POST {
+        return wrong_method(req.method(), "POST");
+    }
+    let body = match read_body(&s.limits, req).await {
+        Ok(b) => b,
+        Err(resp) => {
+            let elapsed = start.elapsed();
+            s.metrics
+                .observe_rejected(endpoint.as_str(), elapsed.as_secs_f64());
+            // Every request to a review endpoint leaves a line, the ones never read too.
+            warn!(
+                endpoint = %endpoint.as_str(),
+                status = resp.status().as_u16(),
+                duration_us = elapsed.as_micros() as u64,
+                "review body not read"
+            );
+            return resp;
+        }
+    };
+    let active = s.policy.load();
+    match review_bytes(endpoint, &active.policy, &body) {
+        Ok(reviewed) => {
+            let out = reviewed.to_json();
+            let elapsed = start.elapsed();
+            s.metrics.observe(&reviewed, elapsed.as_secs_f64());
+            log_review(&reviewed, elapsed, &active.hash);
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                out,
+            )
+                .into_response()
+        }
+        Err(e) => {
+            let elapsed = start.elapsed();
+            s.metrics
+                .observe_rejected(endpoint.as_str(), elapsed.as_secs_f64());
+            warn!(
+                endpoint = %endpoint.as_str(),
+                status = 400,
+                duration_us = elapsed.as_micros() as u64,
+                error = %e,
+                "rejected a request that is not a usable AdmissionReview"
+            );
+            text(StatusCode::BAD_REQUEST, format!("{e}\n"))
+        }
+    }
+}
+
+async fn read_body(limits: &Limits, req: Request) -> Result<Bytes, Response> {
+    let too_large = || {
+        text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "request body larger than {} bytes (--max-body-bytes)\n",
+                limits.max_body_bytes
+            ),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limits.max_body_bytes as u64) {
+        return Err(too_large());
+    }
+    let read = axum::body::to_bytes(req.into_body(), limits.max_body_bytes);
+    match tokio::time::timeout(limits.review_deadline, read).await {
+        Err(_) => Err(text(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "request body not received within {:?} (--review-deadline)\n",
+                limits.review_deadline
+            ),
+        )),
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) => {
+            let is_limit = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                || e.to_string().contains("length limit");
+            if is_limit {
+                Err(too_large())
+            } else {
+                Err(text(
+                    StatusCode::BAD_REQUEST,
+                    format!("could not read the request body: {e}\n"),
+                ))
+            }
+        }
+    }
+}
+
+fn log_review(r: &Reviewed, elapsed: Duration, policy_hash: &str) {
+    let steps = r
+        .steps
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    info!(
+        uid = %r.uid,
+        endpoint = %r.endpoint.as_str(),
+        namespace = %r.namespace,
+        name = %r.name,
+        operation = %r.operation,
+        dry_run = r.dry_run,
+        decision = %r.result.as_str(),
+        verdict = r.verdict.map(|v| tracing::field::display(v.as_str())),
+        steps = %steps,
+        duration_us = elapsed.as_micros() as u64,
+        policy = %policy_hash,
+        "review"
+    );
+    match &r.opt_out {
+        Some(OptOut::Honoured) => info!(
+            uid = %r.uid, endpoint = %r.endpoint.as_str(), user = %r.username,
+            namespace = %r.namespace, name = %r.name, "opt-out honoured"
+        ),
+        Some(OptOut::Refused(why)) => info!(
+            uid = %r.uid, endpoint = %r.endpoint.as_str(), user = %r.username,
+            namespace = %r.namespace, name = %r.name, reason = %why, "opt-out refused"
+        ),
+        _ => {}
+    }
+}
+
+/// The floor's routes: [`router`] with the review handler replaced by a constant answer.
+pub fn floor_router(state: Arc<AppState>) -> Router {
+    async fn constant(State(s): State<Arc<AppState>>, req: Request) -> Response {
+        if req.method() != Method::POST {
+            return wrong_method(req.method(), "POST");
+        }
+        match read_body(&s.limits, req).await {
+            Ok(_) => (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                &br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":true}}"#[..],
+            )
+                .into_response(),
+            Err(resp) => resp,
+        }
+    }
+    routes(state, any(constant), any(constant))
+}
