@@ -17,8 +17,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /tollgate /tollgate
-# The default policy, so the image runs on its own; in the cluster the ConfigMap volume
-# mounted over /etc/tollgate/policy replaces it.
+# The binary carries the shipped policy built in (`serve` without --policy runs it); the
+# file is here so that the CMD can name the path deploy/base mounts its ConfigMap at, and
+# the two stay one (tests/deploy.rs).
 COPY policies/default.yaml /etc/tollgate/policy/default.yaml
 USER 65532:65532
 EXPOSE 8443 9090

@@ -38,9 +38,10 @@ pub enum Command {
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Policy file (YAML); reloaded when it changes.
-    #[arg(long, default_value = "policies/default.yaml")]
-    pub policy: PathBuf,
+    /// Policy file (YAML); reloaded when it changes [default: the built-in policy, a copy
+    /// of policies/default.yaml].
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
     /// Address for the webhook [default: 0.0.0.0:8443, or 127.0.0.1:8443 with --dev].
     #[arg(long)]
     pub listen: Option<SocketAddr>,
@@ -120,9 +121,9 @@ pub enum Stage {
 pub struct ReviewArgs {
     /// A Pod (YAML or JSON) or an AdmissionReview (JSON); "-" reads standard input.
     pub file: String,
-    /// Policy file (YAML).
-    #[arg(long, default_value = "policies/default.yaml")]
-    pub policy: PathBuf,
+    /// Policy file (YAML) [default: the built-in policy, a copy of policies/default.yaml].
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
@@ -304,10 +305,15 @@ fn review(a: &ReviewArgs) -> i32 {
 }
 
 fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
-    let policy_text = std::fs::read_to_string(&a.policy)
-        .map_err(|e| Unusable(format!("{}: {e}", a.policy.display())))?;
-    let policy = Policy::from_text(&a.policy.display().to_string(), &policy_text)
-        .map_err(|e| Unusable(e.to_string()))?;
+    let policy = match &a.policy {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Unusable(format!("{}: {e}", path.display())))?;
+            Policy::from_text(&path.display().to_string(), &text)
+                .map_err(|e| Unusable(e.to_string()))?
+        }
+        None => Policy::builtin(),
+    };
     let input = if a.file == "-" {
         let mut s = String::new();
         std::io::stdin()

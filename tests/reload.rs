@@ -135,7 +135,7 @@ fn interval_margin() -> Duration {
 async fn configmap_symlink_swaps_reload_good_policies_and_reject_bad_ones() {
     let mut cm = ConfigMapDir::new(&default_policy());
     let path: PathBuf = cm.policy_path();
-    let server = net::start(|o| o.policy_path = path).await;
+    let server = net::start(|o| o.policy_path = Some(path)).await;
     assert!(Path::new(&cm.policy_path()).is_symlink());
     let mut c = Client::connect(server.addr(), &server.ca_pem, true).await;
 
@@ -195,7 +195,7 @@ async fn configmap_symlink_swaps_reload_good_policies_and_reject_bad_ones() {
 async fn a_policy_file_that_disappears_is_a_failure_and_the_policy_stays() {
     let cm = ConfigMapDir::new(&default_policy());
     let path = cm.policy_path();
-    let server = net::start(|o| o.policy_path = path).await;
+    let server = net::start(|o| o.policy_path = Some(path)).await;
     let mut c = Client::connect(server.addr(), &server.ca_pem, false).await;
     std::fs::remove_file(cm.dir.path().join("..data")).unwrap();
     wait_reloads(&server, "failure", 1.0).await;

@@ -120,7 +120,8 @@ impl AppState {
 pub struct ServeOptions {
     pub listen: SocketAddr,
     pub metrics_listen: Option<SocketAddr>,
-    pub policy_path: PathBuf,
+    /// The policy file, watched for changes; None: the built-in policy.
+    pub policy_path: Option<PathBuf>,
     pub cert_path: PathBuf,
     pub key_path: PathBuf,
     pub client_ca: Option<PathBuf>,
@@ -174,10 +175,8 @@ async fn start_with(
     opts: ServeOptions,
     app: fn(Arc<AppState>) -> Router,
 ) -> anyhow::Result<Running> {
-    let policy_bytes = std::fs::read(&opts.policy_path)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", opts.policy_path.display()))?;
-    let active =
-        reload::policy_from_bytes(&opts.policy_path, &policy_bytes).map_err(anyhow::Error::msg)?;
+    let (active, policy_bytes) =
+        reload::initial_policy(opts.policy_path.as_deref()).map_err(anyhow::Error::msg)?;
     let certs = Arc::new(CertStore::open(&opts.cert_path, &opts.key_path)?);
     let tls = crate::tls::server_config(certs.clone(), opts.client_ca.as_deref())?;
     let acceptor = TlsAcceptor::from(Arc::new(tls));
@@ -239,7 +238,9 @@ async fn run(
 ) {
     let reloader = tokio::spawn(reload::reload_loop(
         opts.clone(),
-        reload::PolicyWatch::new(policy_bytes),
+        opts.policy_path
+            .is_some()
+            .then(|| reload::PolicyWatch::new(policy_bytes)),
         state.clone(),
         certs,
         stop.clone(),

@@ -12,12 +12,32 @@ use super::shutdown::stopped;
 use super::{ActivePolicy, AppState, ServeOptions};
 use crate::metrics::ResultLabels;
 use crate::tls::CertStore;
-use tollgate_core::policy::Policy;
+use tollgate_core::policy::{self, Policy};
 
 /// Loads a policy file, for start-up and reloads.
 pub fn load_policy(path: &Path) -> Result<ActivePolicy, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     policy_from_bytes(path, &bytes)
+}
+
+/// The policy to start with: the file given, or the built-in policy, and the bytes to
+/// judge the file's changes against.
+pub(super) fn initial_policy(path: Option<&Path>) -> Result<(ActivePolicy, Vec<u8>), String> {
+    match path {
+        Some(path) => {
+            let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok((policy_from_bytes(path, &bytes)?, bytes))
+        }
+        None => {
+            let text = policy::BUILTIN_TEXT;
+            let policy =
+                Policy::from_text(policy::BUILTIN_SOURCE, text).map_err(|e| e.to_string())?;
+            Ok((
+                ActivePolicy::new(policy, text.as_bytes()),
+                text.as_bytes().to_vec(),
+            ))
+        }
+    }
 }
 
 pub(super) fn policy_from_bytes(path: &Path, bytes: &[u8]) -> Result<ActivePolicy, String> {
@@ -96,12 +116,13 @@ impl PolicyWatch {
     }
 }
 
-/// Polls the policy and certificate files. Polling, not inotify: Kubernetes swaps a
+/// Polls the policy file (when the policy came from one: the built-in policy has none to
+/// watch) and the certificate files. Polling, not inotify: Kubernetes swaps a
 /// `..data` symlink for ConfigMap and Secret volumes, which file watches miss easily, and a
 /// read every few seconds costs nothing.
 pub(super) async fn reload_loop(
     opts: ServeOptions,
-    mut policy: PolicyWatch,
+    mut policy: Option<PolicyWatch>,
     state: Arc<AppState>,
     certs: Arc<CertStore>,
     mut stop: watch::Receiver<bool>,
@@ -116,36 +137,9 @@ pub(super) async fn reload_loop(
             _ = tokio::time::sleep(opts.reload_interval) => {}
             _ = stopped(&mut stop) => return,
         }
-        // Read by path every time: the path resolves through the ..data symlink to whatever
-        // directory the kubelet swapped in last.
-        let read = std::fs::read(&opts.policy_path);
-        match policy.poll(&opts.policy_path, read) {
-            PolicyPoll::Unchanged => {}
-            PolicyPoll::Reloaded(p) => {
-                info!(policy = %p.hash, previous = %state.policy.load().hash,
-                    path = %opts.policy_path.display(), "policy reloaded");
-                state.metrics.set_policy_hash(&p.hash);
-                state.policy.store(p);
-                state
-                    .metrics
-                    .policy_reloads
-                    .get_or_create(&ResultLabels { result: "success" })
-                    .inc();
-            }
-            PolicyPoll::Rejected(e) => {
-                warn!(error = %e, policy = %state.policy.load().hash,
-                    "policy reload rejected; the previous policy stays in force");
-                state
-                    .metrics
-                    .policy_reloads
-                    .get_or_create(&ResultLabels { result: "failure" })
-                    .inc();
-            }
+        if let (Some(path), Some(watch)) = (&opts.policy_path, policy.as_mut()) {
+            poll_policy(path, watch, &state);
         }
-        // A level, not an event: it stays up for as long as the bad file stays, which the
-        // once-per-content failure counter cannot show.
-        let rejected = policy.rejected.is_some() || policy.unreadable.is_some();
-        state.metrics.policy_rejected.set(i64::from(rejected));
         match certs.reload() {
             Ok(changed) => {
                 cert_seen = None;
@@ -178,6 +172,40 @@ pub(super) async fn reload_loop(
             }
         }
     }
+}
+
+/// One look at the policy file: a new policy goes into force, a bad one is reported once.
+fn poll_policy(path: &Path, watch: &mut PolicyWatch, state: &AppState) {
+    // Read by path every time: the path resolves through the ..data symlink to whatever
+    // directory the kubelet swapped in last.
+    let read = std::fs::read(path);
+    match watch.poll(path, read) {
+        PolicyPoll::Unchanged => {}
+        PolicyPoll::Reloaded(p) => {
+            info!(policy = %p.hash, previous = %state.policy.load().hash,
+                path = %path.display(), "policy reloaded");
+            state.metrics.set_policy_hash(&p.hash);
+            state.policy.store(p);
+            state
+                .metrics
+                .policy_reloads
+                .get_or_create(&ResultLabels { result: "success" })
+                .inc();
+        }
+        PolicyPoll::Rejected(e) => {
+            warn!(error = %e, policy = %state.policy.load().hash,
+                "policy reload rejected; the previous policy stays in force");
+            state
+                .metrics
+                .policy_reloads
+                .get_or_create(&ResultLabels { result: "failure" })
+                .inc();
+        }
+    }
+    // A level, not an event: it stays up for as long as the bad file stays, which the
+    // once-per-content failure counter cannot show.
+    let rejected = watch.rejected.is_some() || watch.unreadable.is_some();
+    state.metrics.policy_rejected.set(i64::from(rejected));
 }
 
 #[cfg(test)]

@@ -88,7 +88,7 @@ pub mod net {
         ServeOptions {
             listen: "127.0.0.1:0".parse().unwrap(),
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-            policy_path: dir.join("policy.yaml"),
+            policy_path: Some(dir.join("policy.yaml")),
             cert_path: dir.join("tls.crt"),
             key_path: dir.join("tls.key"),
             client_ca: None,
@@ -374,10 +374,26 @@ pub mod process {
     ) -> Served {
         let policy: PathBuf = policy.map_or_else(|| dir.path().join("policy.yaml"), Path::to_owned);
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
-        cmd.arg("serve")
-            .arg("--policy")
-            .arg(&policy)
-            .arg("--tls-cert")
+        cmd.arg("serve").arg("--policy").arg(&policy);
+        spawn(cmd, dir, ca_pem, log_format, extra)
+    }
+
+    /// [`serve`] without `--policy`, run from `dir`: the built-in policy, and no
+    /// `policies/` directory anywhere the server could find one.
+    pub fn serve_builtin(dir: TempDir, ca_pem: String, extra: &[&str]) -> Served {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        cmd.arg("serve").current_dir(dir.path());
+        spawn(cmd, dir, ca_pem, "json", extra)
+    }
+
+    fn spawn(
+        mut cmd: Command,
+        dir: TempDir,
+        ca_pem: String,
+        log_format: &str,
+        extra: &[&str],
+    ) -> Served {
+        cmd.arg("--tls-cert")
             .arg(dir.path().join("tls.crt"))
             .arg("--tls-key")
             .arg(dir.path().join("tls.key"))

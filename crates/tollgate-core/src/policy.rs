@@ -14,6 +14,13 @@ use serde_json::Value;
 use crate::glob;
 use crate::quantity;
 
+/// The shipped policy, `policies/default.yaml`, compiled in: what `serve` and `review` run
+/// without `--policy`, so that the binary (and a container image) needs no file to start.
+pub const BUILTIN_TEXT: &str = include_str!("../../../policies/default.yaml");
+
+/// How errors and logs name the built-in policy.
+pub const BUILTIN_SOURCE: &str = "built-in policy (policies/default.yaml)";
+
 /// Why a policy could not be loaded: where, which field, and what is wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
@@ -389,6 +396,13 @@ pub enum Mode {
 }
 
 impl Policy {
+    /// The built-in policy ([`BUILTIN_TEXT`]).
+    pub fn builtin() -> Policy {
+        // A test loads the same text; a shipped policy that fails to load fails the build's
+        // tests, never a user.
+        Policy::from_text(BUILTIN_SOURCE, BUILTIN_TEXT).unwrap_or_default()
+    }
+
     /// Parses and checks a policy. `source` names the text in errors (usually the file path).
     pub fn from_text(source: &str, text: &str) -> Result<Policy, PolicyError> {
         let value: Value = if text.trim().is_empty() {
@@ -738,6 +752,7 @@ mod tests {
         let text = include_str!("../../../policies/default.yaml");
         let p = Policy::from_text("policies/default.yaml", text).unwrap();
         assert_eq!(p, Policy::default());
+        assert_eq!(Policy::from_text(BUILTIN_SOURCE, BUILTIN_TEXT).unwrap(), p);
     }
 
     #[test]
