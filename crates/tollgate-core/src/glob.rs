@@ -1,42 +1,84 @@
 //! Shell-style patterns (`*` and `?`) for namespace, user and group names.
+//!
+//! The matching is `wildmatch`'s (`*` any run, `?` one character, no escapes, no
+//! character classes); what this module adds is a pattern compiled once, when the policy
+//! is loaded, that reads and writes as the text the policy file holds.
 
-/// Whether `text` matches `pattern`, where `*` matches any run and `?` one character.
-pub fn matches(pattern: &str, text: &str) -> bool {
-    let p: Vec<char> = pattern.chars().collect();
-    let t: Vec<char> = text.chars().collect();
-    // Iterative match with single-star backtracking: linear in practice, never exponential.
-    let (mut pi, mut ti) = (0, 0);
-    let (mut star, mut mark) = (None, 0);
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some(pi);
-            mark = ti;
-            pi += 1;
-        } else if let Some(s) = star {
-            pi = s + 1;
-            mark += 1;
-            ti = mark;
-        } else {
-            return false;
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use wildmatch::WildMatch;
+
+/// One pattern of the policy, compiled.
+#[derive(Clone)]
+pub struct Glob {
+    text: String,
+    matcher: WildMatch,
+}
+
+impl Glob {
+    pub fn new(text: &str) -> Glob {
+        Glob {
+            text: text.to_owned(),
+            matcher: WildMatch::new(text),
         }
     }
-    while pi < p.len() && p[pi] == '*' {
-        pi += 1;
+
+    /// Whether `text` matches the whole pattern.
+    pub fn matches(&self, text: &str) -> bool {
+        self.matcher.matches(text)
     }
-    pi == p.len()
+
+    /// The pattern as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
 }
 
 /// Whether any of `patterns` matches `text`.
-pub fn any(patterns: &[String], text: &str) -> bool {
-    patterns.iter().any(|p| matches(p, text))
+pub fn any(patterns: &[Glob], text: &str) -> bool {
+    patterns.iter().any(|p| p.matches(text))
+}
+
+impl From<&str> for Glob {
+    fn from(text: &str) -> Glob {
+        Glob::new(text)
+    }
+}
+
+impl PartialEq for Glob {
+    fn eq(&self, other: &Glob) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for Glob {}
+
+impl fmt::Debug for Glob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.text, f)
+    }
+}
+
+impl Serialize for Glob {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for Glob {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Glob, D::Error> {
+        String::deserialize(d).map(|t| Glob::new(&t))
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::matches;
+    use super::Glob;
+
+    fn matches(pattern: &str, text: &str) -> bool {
+        Glob::new(pattern).matches(text)
+    }
 
     #[test]
     fn globs() {
@@ -54,5 +96,22 @@ mod tests {
         assert!(!matches("a*b*c", "aXXbYY"));
         assert!(matches("exact", "exact"));
         assert!(!matches("exact", "exactly"));
+    }
+
+    #[test]
+    fn reads_and_writes_as_its_text() {
+        let g: Glob = serde_json::from_str("\"ml-*\"").unwrap();
+        assert_eq!(g.as_str(), "ml-*");
+        assert_eq!(serde_json::to_string(&g).unwrap(), "\"ml-*\"");
+        assert_eq!(g, Glob::from("ml-*"));
+    }
+
+    /// Many stars against a long name that does not match: the backtracking stays linear
+    /// per star, never exponential.
+    #[test]
+    fn pathological_patterns_stay_fast() {
+        let pattern = "*a".repeat(30) + "b";
+        let text = "a".repeat(5000);
+        assert!(!matches(&pattern, &text));
     }
 }
