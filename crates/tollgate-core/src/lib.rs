@@ -7,6 +7,7 @@
 //! Modules import only from the layers below them (docs/architecture.md; tests/layers.rs
 //! checks it):
 //!
+//! 0. `testdata`: the unit tests' fixtures.
 //! 1. `glob`, `quantity`, `requester`, `diff`: leaves.
 //! 2. `policy`: the policy's types and loading from text.
 //! 3. `pod`: read helpers over a typed Pod.
@@ -29,15 +30,4 @@ pub mod review;
 pub mod validate;
 
 #[cfg(test)]
-pub(crate) mod testdata {
-    use std::path::PathBuf;
-
-    /// The workspace root, where `policies/` and `tests/fixtures/` live.
-    pub fn root() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-    }
-
-    pub fn fixtures_dir() -> PathBuf {
-        root().join("tests/fixtures/apiserver-v1.36")
-    }
-}
+pub(crate) mod testdata;
