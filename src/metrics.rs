@@ -69,6 +69,9 @@ pub struct Metrics {
     pub policy_info: Family<HashLabels, Gauge>,
     pub cert_expiry: Gauge<i64, AtomicI64>,
     pub in_flight: Gauge,
+    /// Log lines dropped because stderr could not keep up (kept by the log writer, brought
+    /// up to date when metrics are read).
+    pub log_lines_dropped: Counter,
 }
 
 /// Review latency buckets: 50 microseconds (a review's own cost) to 10 seconds (the
@@ -99,6 +102,7 @@ impl Metrics {
         let policy_info = Family::<HashLabels, Gauge>::default();
         let cert_expiry = Gauge::<i64, AtomicI64>::default();
         let in_flight = Gauge::default();
+        let log_lines_dropped = Counter::default();
         registry.register(
             "reviews",
             "Admission reviews answered, by endpoint, operation and result (allowed, patched, denied, error)",
@@ -150,6 +154,11 @@ impl Metrics {
             "HTTP requests being answered",
             in_flight.clone(),
         );
+        registry.register(
+            "log_lines_dropped",
+            "Log lines dropped because standard error could not keep up with them",
+            log_lines_dropped.clone(),
+        );
         let metrics = Metrics {
             registry,
             reviews,
@@ -163,6 +172,7 @@ impl Metrics {
             policy_info,
             cert_expiry,
             in_flight,
+            log_lines_dropped,
         };
         metrics.initialise_series();
         metrics
@@ -280,6 +290,11 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn encode(&self) -> String {
+        let dropped = crate::telemetry::dropped_lines();
+        let counted = self.log_lines_dropped.get();
+        if dropped > counted {
+            self.log_lines_dropped.inc_by(dropped - counted);
+        }
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
