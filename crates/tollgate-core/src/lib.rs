@@ -8,7 +8,7 @@
 //! checks it):
 //!
 //! 0. `testdata`: the unit tests' fixtures.
-//! 1. `glob`, `quantity`, `requester`, `diff`: leaves.
+//! 1. `glob`, `quantity`, `requester`, `diff`, `cluster`: leaves.
 //! 2. `policy`: the policy's types and loading from text.
 //! 3. `pod`: read helpers over a typed Pod.
 //! 4. `optout`, `mutate` (one module per step), `check`, `parse`.
@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod check;
+pub mod cluster;
 pub mod diff;
 pub mod glob;
 pub mod mutate;
