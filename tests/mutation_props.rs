@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Value};
-use tollgate_core::mutate::mutate;
+use tollgate_core::cluster::Offline;
+use tollgate_core::gpu::Gpus;
+use tollgate_core::mutate::Outcome;
 use tollgate_core::policy::{Policy, SidecarMode};
 use tollgate_core::quantity;
 use tollgate_core::review::{review_bytes, Endpoint};
@@ -254,6 +256,17 @@ fn policies() -> Vec<(&'static str, Policy)> {
         ("per-gpu", per_gpu),
         ("classic", classic),
     ]
+}
+
+/// The mutation steps as a review runs them on a pod with no cluster context.
+fn mutate(policy: &Policy, pod: &mut Pod) -> Outcome {
+    let gpus = Gpus::of(policy, pod, "ml", &Offline);
+    tollgate_core::mutate::mutate(policy, pod, &gpus)
+}
+
+fn is_training_pod(policy: &Policy, pod: &Pod) -> bool {
+    let gpus = Gpus::of(policy, pod, "ml", &Offline);
+    tollgate_core::mutate::is_training_pod(policy, pod, &gpus)
 }
 
 fn all_containers(p: &Pod) -> Vec<&Container> {
@@ -513,7 +526,7 @@ fn gen_policy(rng: &mut Rng) -> Policy {
 /// mutated training pod is not denied for a resource the defaults supplied.
 fn check_agreement(seed: u64, policy: &Policy, input: &Value) {
     let before: Pod = serde_json::from_value(input.clone()).unwrap();
-    if !tollgate_core::mutate::is_training_pod(policy, &before) {
+    if !is_training_pod(policy, &before) {
         return;
     }
     let mut pod = before.clone();
@@ -541,7 +554,9 @@ fn check_agreement(seed: u64, policy: &Policy, input: &Value) {
         if unreadable {
             continue;
         }
-        let has_gpu = !tollgate_core::pod::gpus_of(policy, c).is_empty();
+        let has_gpu = !Gpus::of(policy, &defaulted, "ml", &Offline)
+            .of_container(&c.name)
+            .is_empty();
         for r in &missing.resources {
             let supplied = dr.limits.contains_key(r) || (has_gpu && dr.per_gpu.contains_key(r));
             assert!(

@@ -33,6 +33,14 @@ impl<T> Lookup<T> {
             _ => None,
         }
     }
+
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Lookup<U> {
+        match self {
+            Lookup::Found(t) => Lookup::Found(f(t)),
+            Lookup::Absent => Lookup::Absent,
+            Lookup::Unknown => Lookup::Unknown,
+        }
+    }
 }
 
 /// The kinds of object a review can ask about.
@@ -71,6 +79,12 @@ pub trait Cluster {
         name: &str,
     ) -> Lookup<Arc<ResourceClaimTemplate>>;
     fn namespace(&self, name: &str) -> Lookup<Arc<Namespace>>;
+
+    /// True when there is no cluster context at all (`--cluster-context off`): messages
+    /// then say so rather than blame the object.
+    fn is_offline(&self) -> bool {
+        false
+    }
 }
 
 /// No cluster context at all: every object is unknown.
@@ -86,6 +100,9 @@ impl Cluster for Offline {
     }
     fn namespace(&self, _: &str) -> Lookup<Arc<Namespace>> {
         Lookup::Unknown
+    }
+    fn is_offline(&self) -> bool {
+        true
     }
 }
 

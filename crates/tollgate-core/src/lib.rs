@@ -11,8 +11,8 @@
 //! 1. `glob`, `quantity`, `requester`, `diff`, `cluster`: leaves.
 //! 2. `policy`: the policy's types and loading from text.
 //! 3. `pod`: read helpers over a typed Pod.
-//! 4. `optout`, `mutate` (one module per step), `check`, `parse`.
-//! 5. `validate`.
+//! 4. `gpu`, `optout`, `check`, `parse`.
+//! 5. `mutate` (one module per step), `validate`.
 //! 6. `review`: an AdmissionReview in, an AdmissionReview out.
 #![forbid(unsafe_code)]
 
@@ -20,6 +20,7 @@ pub mod check;
 pub mod cluster;
 pub mod diff;
 pub mod glob;
+pub mod gpu;
 pub mod mutate;
 pub mod optout;
 pub mod parse;

@@ -3,9 +3,6 @@
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::policy::Policy;
-use crate::quantity;
-
 /// Where a container sits in the pod spec; the words are those a user sees in messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContainerKind {
@@ -64,45 +61,6 @@ pub fn asked<'a>(c: &'a Container, resource: &str) -> Option<&'a Quantity> {
         .as_ref()
         .and_then(|m| m.get(resource))
         .or_else(|| r.limits.as_ref().and_then(|m| m.get(resource)))
-}
-
-/// GPU resources a container asks for (a positive amount), with the amount in nano-units.
-/// Unparseable amounts count as asking: the apiserver will judge them, not us.
-pub fn gpus_of(policy: &Policy, c: &Container) -> Vec<(String, i128)> {
-    let mut out: Vec<(String, i128)> = Vec::new();
-    let Some(r) = c.resources.as_ref() else {
-        return out;
-    };
-    let names = [r.requests.as_ref(), r.limits.as_ref()]
-        .into_iter()
-        .flatten()
-        .flat_map(|m| m.keys());
-    for name in names {
-        if policy.gpu.is_gpu(name) && !out.iter().any(|(n, _)| n == name) {
-            let amount = asked_amount(c, name);
-            if amount > 0 {
-                out.push((name.clone(), amount));
-            }
-        }
-    }
-    out
-}
-
-/// Whether a container asks for one GPU resource, as [`gpus_of`] counts it, without
-/// allocating: the steps call this for every container on every review.
-pub fn asks_for_gpu_resource(policy: &Policy, c: &Container, resource: &str) -> bool {
-    policy.gpu.is_gpu(resource) && asked_amount(c, resource) > 0
-}
-
-fn asked_amount(c: &Container, resource: &str) -> i128 {
-    asked(c, resource).map_or(0, |q| quantity::parse(&q.0).unwrap_or(1))
-}
-
-/// Whether any container or init container of the pod asks for a GPU.
-pub fn asks_for_gpu(policy: &Policy, pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .is_some_and(|s| containers(s).any(|(_, c)| !gpus_of(policy, c).is_empty()))
 }
 
 /// A name a user recognises: the pod's name, or its generateName prefix for controller pods.

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::api::core::v1::{Container, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -60,32 +60,128 @@ pub struct Policy {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct GpuPolicy {
-    /// Extended resource names treated as GPUs.
-    pub resources: Vec<String>,
-    /// Treat every extended resource (a name with a domain outside kubernetes.io) as a GPU,
-    /// as the built-in ExtendedResourceToleration admission plugin does.
+    /// The GPU classes, by name: what a pod of each asks for, and what it gets.
+    pub classes: BTreeMap<String, GpuClass>,
+    /// Treat every other extended resource (a name with a domain outside kubernetes.io) as
+    /// a GPU of its own, as the built-in ExtendedResourceToleration admission plugin does:
+    /// the toleration `{key: <resource>, operator: Exists, effect: NoSchedule}`, no driver.
     pub all_extended_resources: bool,
+    /// Replaced by `classes`; a policy that sets it is refused with a message saying so.
+    #[serde(skip_serializing)]
+    pub resources: Option<Value>,
 }
 
 impl Default for GpuPolicy {
     fn default() -> Self {
+        let nvidia_toleration = || {
+            vec![Toleration {
+                key: Some("nvidia.com/gpu".into()),
+                operator: Some("Exists".into()),
+                effect: Some("NoSchedule".into()),
+                ..Default::default()
+            }]
+        };
+        let mut classes = BTreeMap::new();
+        classes.insert(
+            "nvidia".to_owned(),
+            GpuClass {
+                resources: vec!["nvidia.com/gpu".into(), "nvidia.com/mig-*".into()],
+                tolerations: Some(nvidia_toleration()),
+                driver: Driver::HostPath,
+                mounts: vec![HostMount {
+                    name: "tollgate-nvidia-driver".into(),
+                    host_path: "/usr/local/nvidia".into(),
+                    r#type: "Directory".into(),
+                    mount_path: "/usr/local/nvidia".into(),
+                }],
+                env: vec![EnvEntry {
+                    name: "LD_LIBRARY_PATH".into(),
+                    value: "/usr/local/nvidia/lib64".into(),
+                    if_present: IfPresent::Append,
+                    separator: ":".into(),
+                }],
+                ..Default::default()
+            },
+        );
+        classes.insert(
+            "nvidia-dra".to_owned(),
+            GpuClass {
+                device_classes: vec!["gpu.nvidia.com".into(), "mig.nvidia.com".into()],
+                tolerations: Some(nvidia_toleration()),
+                ..Default::default()
+            },
+        );
+        classes.insert(
+            "amd".to_owned(),
+            GpuClass {
+                resources: vec!["amd.com/gpu".into()],
+                ..Default::default()
+            },
+        );
+        classes.insert(
+            "intel".to_owned(),
+            GpuClass {
+                resources: vec!["gpu.intel.com/i915".into(), "gpu.intel.com/xe".into()],
+                ..Default::default()
+            },
+        );
         GpuPolicy {
-            resources: vec![
-                "nvidia.com/gpu".into(),
-                "amd.com/gpu".into(),
-                "gpu.intel.com/i915".into(),
-            ],
+            classes,
             all_extended_resources: false,
+            resources: None,
         }
     }
 }
 
-impl GpuPolicy {
-    /// Whether a resource name counts as a GPU under this policy.
-    pub fn is_gpu(&self, resource: &str) -> bool {
-        self.resources.iter().any(|r| r == resource)
-            || (self.all_extended_resources && quantity::is_extended_resource(resource))
+/// A kind of GPU: how a pod asks for it, and what tollgate gives a pod that does.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct GpuClass {
+    /// Extended resources of this class: names (`nvidia.com/gpu`) or patterns
+    /// (`nvidia.com/mig-*`). The implicit names `deviceclass.resource.kubernetes.io/<class>`
+    /// of `deviceClasses` belong to the class too.
+    pub resources: Vec<Glob>,
+    /// DRA device classes (`resource.k8s.io/v1`) whose devices are GPUs of this class.
+    pub device_classes: Vec<String>,
+    /// The tolerations a pod of this class gets. Absent: for each resource it asks for,
+    /// `{key: <resource>, operator: Exists, effect: NoSchedule}` (and none for DRA claims).
+    pub tolerations: Option<Vec<Toleration>>,
+    /// How the driver reaches the container: `runtime` (the device plugin, DRA driver or
+    /// CDI injects it) or `hostPath` (tollgate mounts `mounts` and sets `env`).
+    pub driver: Driver,
+    /// With `driver: hostPath`: the node's directories, mounted read-only into each
+    /// container that uses a GPU of this class.
+    pub mounts: Vec<HostMount>,
+    /// With `driver: hostPath`: environment for those containers.
+    pub env: Vec<EnvEntry>,
+    /// Default limits per GPU of this class, over `mutation.defaultResources.perGpu` key by
+    /// key. A MIG slice counts as one GPU; a DRA request as its device count.
+    pub per_gpu: BTreeMap<String, Quantity>,
+}
+
+impl GpuClass {
+    /// Whether this class covers the extended resource `name`.
+    pub fn covers_resource(&self, name: &str) -> bool {
+        self.resources.iter().any(|g| g.matches(name))
+            || name
+                .strip_prefix(quantity::IMPLICIT_DRA_PREFIX)
+                .is_some_and(|dc| self.device_classes.iter().any(|c| c == dc))
     }
+
+    /// Whether this class covers the DRA device class `name`.
+    pub fn covers_device_class(&self, name: &str) -> bool {
+        self.device_classes.iter().any(|c| c == name)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Driver {
+    /// The runtime puts the driver in the container: nothing to mount.
+    #[default]
+    Runtime,
+    /// tollgate mounts the node's driver directories (hostPath volumes).
+    HostPath,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -178,15 +274,16 @@ pub enum Operation {
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct GpuTolerations {
     pub enabled: bool,
-    /// Effect of the toleration added for each GPU resource.
-    pub effect: String,
+    /// Replaced by `gpu.classes.<class>.tolerations`; refused with a message saying so.
+    #[serde(skip_serializing)]
+    pub effect: Option<Value>,
 }
 
 impl Default for GpuTolerations {
     fn default() -> Self {
         GpuTolerations {
             enabled: true,
-            effect: "NoSchedule".into(),
+            effect: None,
         }
     }
 }
@@ -197,43 +294,19 @@ pub struct DriverMounts {
     pub enabled: bool,
     /// Every volume tollgate adds has a name starting with this prefix.
     pub volume_prefix: String,
-    /// Per GPU resource: what to mount into containers that request it.
-    pub resources: BTreeMap<String, DriverResource>,
+    /// Replaced by `gpu.classes.<class>.mounts` and `.env`; refused with a message.
+    #[serde(skip_serializing)]
+    pub resources: Option<Value>,
 }
 
 impl Default for DriverMounts {
     fn default() -> Self {
-        let mut resources = BTreeMap::new();
-        resources.insert(
-            "nvidia.com/gpu".to_owned(),
-            DriverResource {
-                mounts: vec![HostMount {
-                    name: "tollgate-nvidia-driver".into(),
-                    host_path: "/usr/local/nvidia".into(),
-                    r#type: "Directory".into(),
-                    mount_path: "/usr/local/nvidia".into(),
-                }],
-                env: vec![EnvEntry {
-                    name: "LD_LIBRARY_PATH".into(),
-                    value: "/usr/local/nvidia/lib64".into(),
-                    if_present: IfPresent::Append,
-                    separator: ":".into(),
-                }],
-            },
-        );
         DriverMounts {
             enabled: true,
             volume_prefix: "tollgate-".into(),
-            resources,
+            resources: None,
         }
     }
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct DriverResource {
-    pub mounts: Vec<HostMount>,
-    pub env: Vec<EnvEntry>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -422,7 +495,28 @@ impl Policy {
             PolicyError::field(source, field, e.into_inner().to_string())
         })?;
         if let Some(container) = value.pointer("/mutation/metricsSidecar/container") {
-            check_no_unknown_fields(source, "mutation.metricsSidecar.container", container)?;
+            check_no_unknown_fields::<Container>(
+                source,
+                "mutation.metricsSidecar.container",
+                container,
+            )?;
+        }
+        for (class, c) in value
+            .pointer("/gpu/classes")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
+            for (i, t) in c
+                .get("tolerations")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let field = format!("gpu.classes.{class}.tolerations[{i}]");
+                check_no_unknown_fields::<Toleration>(source, &field, t)?;
+            }
         }
         policy.check(source)?;
         Ok(policy)
@@ -431,14 +525,7 @@ impl Policy {
     /// Semantic checks serde cannot express.
     fn check(&self, source: &str) -> Result<(), PolicyError> {
         let err = |field: &str, msg: String| Err(PolicyError::field(source, field, msg));
-        for (i, r) in self.gpu.resources.iter().enumerate() {
-            if !quantity::is_extended_resource(r) {
-                return err(
-                    &format!("gpu.resources[{i}]"),
-                    format!("{r:?} is not an extended resource name (like nvidia.com/gpu)"),
-                );
-            }
-        }
+        self.check_replaced(source)?;
         for (name, field) in [
             (
                 &self.selection.training_annotation,
@@ -470,45 +557,11 @@ impl Policy {
                 }
             }
         }
-        if !matches!(
-            self.mutation.gpu_tolerations.effect.as_str(),
-            "NoSchedule" | "PreferNoSchedule" | "NoExecute" | ""
-        ) {
-            return err(
-                "mutation.gpuTolerations.effect",
-                format!(
-                    "{:?} is not a taint effect (NoSchedule, PreferNoSchedule, NoExecute)",
-                    self.mutation.gpu_tolerations.effect
-                ),
-            );
-        }
-        self.check_driver_mounts(source)?;
+        self.check_gpu_classes(source)?;
         self.check_sidecar(source)?;
-        for (section, map) in [
-            (
-                "mutation.defaultResources.limits",
-                &self.mutation.default_resources.limits,
-            ),
-            (
-                "mutation.defaultResources.perGpu",
-                &self.mutation.default_resources.per_gpu,
-            ),
-        ] {
-            for (res, q) in map {
-                let field = format!("{section}.{res}");
-                if res != "cpu" && res != "memory" && res != "ephemeral-storage" {
-                    return err(
-                        &field,
-                        "only cpu, memory and ephemeral-storage can have defaults".into(),
-                    );
-                }
-                match quantity::parse(&q.0) {
-                    Ok(v) if v > 0 => {}
-                    Ok(_) => return err(&field, "must be greater than zero".into()),
-                    Err(e) => return err(&field, e.to_string()),
-                }
-            }
-        }
+        let dr = &self.mutation.default_resources;
+        check_defaults(source, "mutation.defaultResources.limits", &dr.limits)?;
+        check_defaults(source, "mutation.defaultResources.perGpu", &dr.per_gpu)?;
         for (i, r) in self.validation.required_requests.iter().enumerate() {
             if r.is_empty() || r.contains(char::is_whitespace) {
                 return err(
@@ -520,7 +573,36 @@ impl Policy {
         Ok(())
     }
 
-    fn check_driver_mounts(&self, source: &str) -> Result<(), PolicyError> {
+    /// Fields of earlier versions whose meaning moved into the GPU classes: refused with
+    /// where it went, rather than silently ignored or half honoured.
+    fn check_replaced(&self, source: &str) -> Result<(), PolicyError> {
+        let replaced = [
+            (
+                self.gpu.resources.is_some(),
+                "gpu.resources",
+                "replaced by gpu.classes: list each resource under its class, e.g. \
+                 gpu.classes.nvidia.resources (see policies/default.yaml)",
+            ),
+            (
+                self.mutation.gpu_tolerations.effect.is_some(),
+                "mutation.gpuTolerations.effect",
+                "replaced by gpu.classes.<class>.tolerations, a list of {key, operator, \
+                 value, effect} (see policies/default.yaml)",
+            ),
+            (
+                self.mutation.driver_mounts.resources.is_some(),
+                "mutation.driverMounts.resources",
+                "replaced by gpu.classes.<class>.mounts and .env, with driver: hostPath \
+                 (see policies/default.yaml)",
+            ),
+        ];
+        match replaced.into_iter().find(|(set, _, _)| *set) {
+            Some((_, field, msg)) => Err(PolicyError::field(source, field, msg)),
+            None => Ok(()),
+        }
+    }
+
+    fn check_gpu_classes(&self, source: &str) -> Result<(), PolicyError> {
         let dm = &self.mutation.driver_mounts;
         let err = |field: String, msg: String| Err(PolicyError::field(source, field, msg));
         if dm.enabled && dm.volume_prefix.is_empty() {
@@ -529,19 +611,69 @@ impl Policy {
                 "must not be empty: it is how tollgate tells its volumes from the user's".into(),
             );
         }
-        let mut seen: BTreeMap<&str, &HostMount> = BTreeMap::new();
-        for (res, spec) in &dm.resources {
-            let base = format!("mutation.driverMounts.resources.{res}");
-            if !quantity::is_extended_resource(res) {
-                return err(base, format!("{res:?} is not an extended resource name"));
+        let mut volumes: BTreeMap<&str, &HostMount> = BTreeMap::new();
+        let mut resources: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut device_classes: BTreeMap<&str, &str> = BTreeMap::new();
+        for (class, c) in &self.gpu.classes {
+            let base = format!("gpu.classes.{class}");
+            if let Err(msg) = check_dns_label(class) {
+                return err(base, msg);
             }
-            for (i, m) in spec.mounts.iter().enumerate() {
+            for (i, r) in c.resources.iter().enumerate() {
+                // A pattern must still name a domain outside kubernetes.io.
+                let as_name = r.as_str().replace(['*', '?'], "x");
+                if !quantity::is_extended_resource(&as_name) {
+                    return err(
+                        format!("{base}.resources[{i}]"),
+                        format!(
+                            "{:?} is not an extended resource name or pattern (like nvidia.com/gpu or nvidia.com/mig-*)",
+                            r.as_str()
+                        ),
+                    );
+                }
+                if let Some(other) = resources.insert(r.as_str(), class) {
+                    return err(
+                        format!("{base}.resources[{i}]"),
+                        format!("{:?} is also in class {other:?}", r.as_str()),
+                    );
+                }
+            }
+            for (i, d) in c.device_classes.iter().enumerate() {
+                if let Err(msg) = check_dns_subdomain(d) {
+                    return err(format!("{base}.deviceClasses[{i}]"), msg);
+                }
+                if let Some(other) = device_classes.insert(d, class) {
+                    return err(
+                        format!("{base}.deviceClasses[{i}]"),
+                        format!("{d:?} is also in class {other:?}"),
+                    );
+                }
+            }
+            for (i, t) in c.tolerations.iter().flatten().enumerate() {
+                if let Err(msg) = check_toleration(t) {
+                    return err(format!("{base}.tolerations[{i}]"), msg);
+                }
+            }
+            if c.driver == Driver::Runtime && !(c.mounts.is_empty() && c.env.is_empty()) {
+                let what = if c.mounts.is_empty() { "env" } else { "mounts" };
+                return err(
+                    format!("{base}.{what}"),
+                    "only used with driver: hostPath (with driver: runtime the device plugin or DRA driver provides the driver)".into(),
+                );
+            }
+            if c.driver == Driver::HostPath && c.mounts.is_empty() {
+                return err(
+                    format!("{base}.mounts"),
+                    "driver: hostPath needs the directories to mount".into(),
+                );
+            }
+            for (i, m) in c.mounts.iter().enumerate() {
                 let f = format!("{base}.mounts[{i}]");
                 if !m.name.starts_with(&dm.volume_prefix) {
                     return err(
                         format!("{f}.name"),
                         format!(
-                            "{:?} must start with the volume prefix {:?}",
+                            "{:?} must start with the volume prefix {:?} (mutation.driverMounts.volumePrefix)",
                             m.name, dm.volume_prefix
                         ),
                     );
@@ -570,7 +702,7 @@ impl Policy {
                         format!("{:?} is not a hostPath type", m.r#type),
                     );
                 }
-                if let Some(other) = seen.insert(&m.name, m) {
+                if let Some(other) = volumes.insert(&m.name, m) {
                     if other.host_path != m.host_path || other.r#type != m.r#type {
                         return err(
                             format!("{f}.name"),
@@ -582,7 +714,7 @@ impl Policy {
                     }
                 }
             }
-            for (i, e) in spec.env.iter().enumerate() {
+            for (i, e) in c.env.iter().enumerate() {
                 if e.name.is_empty() || e.name.contains('=') {
                     return err(
                         format!("{base}.env[{i}].name"),
@@ -590,6 +722,7 @@ impl Policy {
                     );
                 }
             }
+            check_defaults(source, &format!("{base}.perGpu"), &c.per_gpu)?;
         }
         Ok(())
     }
@@ -659,22 +792,16 @@ impl Policy {
         }
         Ok(())
     }
-
-    /// The env entries of the driver mounts for a resource, if any.
-    pub fn driver_env(&self, resource: &str) -> &[EnvEntry] {
-        self.mutation
-            .driver_mounts
-            .resources
-            .get(resource)
-            .map(|r| r.env.as_slice())
-            .unwrap_or(&[])
-    }
 }
 
 /// k8s-openapi's types ignore unknown fields; the policy must not, so compare what the typed
 /// model keeps with what was written.
-fn check_no_unknown_fields(source: &str, base: &str, written: &Value) -> Result<(), PolicyError> {
-    let typed: Container = serde_json::from_value(written.clone())
+fn check_no_unknown_fields<T: serde::de::DeserializeOwned + Serialize>(
+    source: &str,
+    base: &str,
+    written: &Value,
+) -> Result<(), PolicyError> {
+    let typed: T = serde_json::from_value(written.clone())
         .map_err(|e| PolicyError::field(source, base, e.to_string()))?;
     let kept = serde_json::to_value(&typed).unwrap_or(Value::Null);
     if let Some(path) = first_unknown(written, &kept, base.to_owned()) {
@@ -696,6 +823,72 @@ fn first_unknown(written: &Value, kept: &Value, path: String) -> Option<String> 
             .enumerate()
             .find_map(|(i, (wv, kv))| first_unknown(wv, kv, format!("{path}[{i}]"))),
         _ => None,
+    }
+}
+
+/// Default limits: only for cpu, memory and ephemeral-storage, and above zero.
+fn check_defaults(
+    source: &str,
+    section: &str,
+    map: &BTreeMap<String, Quantity>,
+) -> Result<(), PolicyError> {
+    for (res, q) in map {
+        let field = format!("{section}.{res}");
+        let fail = |msg: String| Err(PolicyError::field(source, field.clone(), msg));
+        if res != "cpu" && res != "memory" && res != "ephemeral-storage" {
+            return fail("only cpu, memory and ephemeral-storage can have defaults".into());
+        }
+        match quantity::parse(&q.0) {
+            Ok(v) if v > 0 => {}
+            Ok(_) => return fail("must be greater than zero".into()),
+            Err(e) => return fail(e.to_string()),
+        }
+    }
+    Ok(())
+}
+
+/// A toleration the apiserver accepts (core/v1 validation of `tolerations`).
+fn check_toleration(t: &Toleration) -> Result<(), String> {
+    let key = t.key.as_deref().unwrap_or("");
+    let value = t.value.as_deref().unwrap_or("");
+    let operator = t.operator.as_deref().unwrap_or("Equal");
+    if !key.is_empty() {
+        check_qualified_name(key)?;
+    }
+    match operator {
+        "Exists" if !value.is_empty() => {
+            return Err("operator Exists takes no value".into());
+        }
+        "Exists" => {}
+        "Equal" if key.is_empty() => {
+            return Err("an empty key needs operator Exists".into());
+        }
+        "Equal" => {}
+        other => return Err(format!("{other:?} is not an operator (Exists, Equal)")),
+    }
+    let effect = t.effect.as_deref().unwrap_or("");
+    if !matches!(effect, "" | "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+        return Err(format!(
+            "{effect:?} is not a taint effect (NoSchedule, PreferNoSchedule, NoExecute)"
+        ));
+    }
+    if t.toleration_seconds.is_some() && effect != "NoExecute" {
+        return Err("tolerationSeconds only goes with effect NoExecute".into());
+    }
+    Ok(())
+}
+
+/// A DNS subdomain (RFC 1123), as DeviceClass names are.
+fn check_dns_subdomain(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|l| check_dns_label(l).is_ok());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a valid DeviceClass name (a DNS subdomain)"
+        ))
     }
 }
 
@@ -796,18 +989,75 @@ mod tests {
                 "mutation:\n  defaultResources:\n    limits:\n      cpu: lots\n",
                 "mutation.defaultResources.limits.cpu",
             ),
-            ("gpu:\n  resources: [gpu]\n", "gpu.resources[0]"),
+            (
+                "gpu:\n  classes:\n    x:\n      resources: [gpu]\n",
+                "gpu.classes.x.resources[0]",
+            ),
+            (
+                "gpu:\n  classes:\n    x:\n      resources: [example.com/gpu]\n      tolerations: [{key: a, operator: Exists, value: b}]\n",
+                "gpu.classes.x.tolerations[0]",
+            ),
+            (
+                "gpu:\n  classes:\n    x:\n      resources: [example.com/gpu]\n      tolerations: [{key: a, operatr: Exists}]\n",
+                "gpu.classes.x.tolerations[0].operatr",
+            ),
+            (
+                "gpu:\n  classes:\n    a:\n      resources: [nvidia.com/gpu]\n    x:\n      resources: [nvidia.com/gpu]\n",
+                "gpu.classes.x.resources[0]",
+            ),
+            (
+                "gpu:\n  classes:\n    a:\n      deviceClasses: [gpu.nvidia.com]\n    x:\n      deviceClasses: [gpu.nvidia.com]\n",
+                "gpu.classes.x.deviceClasses[0]",
+            ),
+            (
+                "gpu:\n  classes:\n    x:\n      resources: [example.com/gpu]\n      driver: hostPath\n",
+                "gpu.classes.x.mounts",
+            ),
+            (
+                "gpu:\n  classes:\n    x:\n      resources: [example.com/gpu]\n      mounts: [{name: tollgate-x, hostPath: /x, mountPath: /x}]\n",
+                "gpu.classes.x.mounts",
+            ),
+            (
+                "gpu:\n  classes:\n    x:\n      resources: [example.com/gpu]\n      perGpu: {nvidia.com/gpu: 1}\n",
+                "gpu.classes.x.perGpu.nvidia.com/gpu",
+            ),
             (
                 "mutation:\n  metricsSidecar:\n    mode: classic\n    container:\n      name: m\n      image: i\n      restartPolicy: Always\n",
                 "mutation.metricsSidecar.container.restartPolicy",
             ),
             (
-                "mutation:\n  gpuTolerations:\n    effect: Never\n",
-                "mutation.gpuTolerations.effect",
+                "gpu:\n  classes:\n    x:\n      resources: [example.com/gpu]\n      tolerations: [{key: a, operator: Exists, effect: Never}]\n",
+                "gpu.classes.x.tolerations[0]",
             ),
         ] {
             let e = Policy::from_text("p.yaml", text).unwrap_err().to_string();
             assert!(e.contains(&format!("field `{field}`")), "{text}: {e}");
+        }
+    }
+
+    /// Fields whose meaning moved into the GPU classes are refused, saying where it went.
+    #[test]
+    fn replaced_fields_say_what_replaces_them() {
+        for (text, field, replacement) in [
+            (
+                "gpu:\n  resources: [nvidia.com/gpu]\n",
+                "gpu.resources",
+                "gpu.classes",
+            ),
+            (
+                "mutation:\n  gpuTolerations:\n    effect: NoSchedule\n",
+                "mutation.gpuTolerations.effect",
+                "gpu.classes.<class>.tolerations",
+            ),
+            (
+                "mutation:\n  driverMounts:\n    resources: {}\n",
+                "mutation.driverMounts.resources",
+                "gpu.classes.<class>.mounts",
+            ),
+        ] {
+            let e = Policy::from_text("p.yaml", text).unwrap_err().to_string();
+            assert!(e.contains(&format!("field `{field}`")), "{text}: {e}");
+            assert!(e.contains(replacement), "{text}: {e}");
         }
     }
 

@@ -132,9 +132,21 @@ pub fn format_for(resource: &str, nano: i128) -> String {
     format(nano)
 }
 
-/// An extended resource: a fully-qualified name outside the kubernetes.io domains, or a
-/// hugepage. Extended resources cannot be overcommitted: request must equal limit.
+/// The prefix of the extended resource name Kubernetes gives a DeviceClass without an
+/// `extendedResourceName` (KEP-5004): a pod asking for
+/// `deviceclass.resource.kubernetes.io/gpu.nvidia.com: 1` gets one device of that class.
+pub const IMPLICIT_DRA_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
+
+/// An extended resource: a fully-qualified name outside the kubernetes.io domains, or the
+/// implicit name of a DeviceClass. Extended resources cannot be overcommitted: request must
+/// equal limit.
 pub fn is_extended_resource(name: &str) -> bool {
+    if name
+        .strip_prefix(IMPLICIT_DRA_PREFIX)
+        .is_some_and(|class| !class.is_empty())
+    {
+        return true;
+    }
     match name.split_once('/') {
         Some((domain, rest)) => {
             !rest.is_empty()
@@ -205,6 +217,10 @@ mod tests {
         assert!(!is_extended_resource("cpu"));
         assert!(!is_extended_resource("kubernetes.io/foo"));
         assert!(!is_extended_resource("x.kubernetes.io/foo"));
+        assert!(is_extended_resource(
+            "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
+        ));
+        assert!(!is_extended_resource("deviceclass.resource.kubernetes.io/"));
         assert!(is_non_overcommittable("hugepages-2Mi"));
     }
 }

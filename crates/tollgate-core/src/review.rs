@@ -10,6 +10,8 @@ use kube_core::admission::{self, AdmissionRequest, AdmissionResponse, AdmissionR
 use kube_core::{DynamicObject, Status};
 use serde_json::Value;
 
+use crate::cluster::{Cluster, ObjectKey, Offline};
+use crate::gpu::Gpus;
 use crate::mutate::{self, Step};
 use crate::optout::{self, OptOut};
 use crate::policy::{Operation, Policy};
@@ -84,6 +86,9 @@ pub struct Reviewed {
     /// What validation concluded, when it ran.
     pub verdict: Option<Verdict>,
     pub opt_out: Option<OptOut>,
+    /// Objects the review needed and the cluster context did not know (a claim created a
+    /// moment ago): the shell may fetch them and review again.
+    pub unresolved: Vec<ObjectKey>,
 }
 
 impl Reviewed {
@@ -141,10 +146,21 @@ impl Reviewed {
     }
 }
 
-/// Parses a body and reviews it. Errors are bodies that are not an AdmissionReview at all.
+/// Parses a body and reviews it, with no cluster context. Errors are bodies that are not an
+/// AdmissionReview at all.
 pub fn review_bytes(
     endpoint: Endpoint,
     policy: &Policy,
+    body: &[u8],
+) -> std::result::Result<Reviewed, ReviewError> {
+    review_bytes_with(endpoint, policy, &Offline, body)
+}
+
+/// [`review_bytes`], knowing what `cluster` knows of other objects.
+pub fn review_bytes_with(
+    endpoint: Endpoint,
+    policy: &Policy,
+    cluster: &dyn Cluster,
     body: &[u8],
 ) -> std::result::Result<Reviewed, ReviewError> {
     if body.iter().all(u8::is_ascii_whitespace) {
@@ -155,7 +171,7 @@ pub fn review_bytes(
         Endpoint::Validate => parse::Shape::Validation,
     };
     if let Some(req) = parse::request(body, shape) {
-        return Ok(review_parsed(endpoint, policy, req, body));
+        return Ok(review_parsed(endpoint, policy, cluster, req, body));
     }
     // The exact parse: slower, and what decides how a body that is not a review of a pod
     // is answered.
@@ -164,7 +180,7 @@ pub fn review_bytes(
             check_envelope(&review.types.api_version, &review.types.kind)?;
             let req: AdmissionRequest<Pod> =
                 review.try_into().map_err(|_| ReviewError::NoRequest)?;
-            Ok(review_parsed(endpoint, policy, req, body))
+            Ok(review_parsed(endpoint, policy, cluster, req, body))
         }
         Err(typed_err) => slow_path(endpoint, body, typed_err),
     }
@@ -173,6 +189,7 @@ pub fn review_bytes(
 fn review_parsed(
     endpoint: Endpoint,
     policy: &Policy,
+    cluster: &dyn Cluster,
     req: AdmissionRequest<Pod>,
     body: &[u8],
 ) -> Reviewed {
@@ -183,7 +200,7 @@ fn review_parsed(
     let ambiguous = req.object.as_ref().is_some_and(|p| {
         p.metadata == Default::default() || p.spec.as_ref().is_some_and(|s| s.containers.is_empty())
     });
-    let mut reviewed = review_request(endpoint, policy, req);
+    let mut reviewed = review_request(endpoint, policy, cluster, req);
     if reviewed.response.patch.is_some() && ambiguous {
         anchor_to_sent_object(&mut reviewed, body);
     }
@@ -345,6 +362,7 @@ fn skeleton<T: kube_core::Resource>(
         steps: vec![],
         verdict: None,
         opt_out: None,
+        unresolved: vec![],
     }
 }
 
@@ -369,6 +387,7 @@ fn policy_operation(op: &admission::Operation) -> Option<Operation> {
 pub fn review_request(
     endpoint: Endpoint,
     policy: &Policy,
+    cluster: &dyn Cluster,
     mut req: AdmissionRequest<Pod>,
 ) -> Reviewed {
     let mut reviewed = skeleton(endpoint, &req, req.object.as_ref());
@@ -392,7 +411,7 @@ pub fn review_request(
         groups,
     };
     match endpoint {
-        Endpoint::Mutate => mutate_pod(policy, pod, operation, &who, &mut reviewed),
+        Endpoint::Mutate => mutate_pod(policy, cluster, pod, operation, &who, &mut reviewed),
         Endpoint::Validate => validate_pod(policy, &pod, operation, &who, &mut reviewed),
     }
     reviewed
@@ -400,6 +419,7 @@ pub fn review_request(
 
 fn mutate_pod(
     policy: &Policy,
+    cluster: &dyn Cluster,
     mut pod: Pod,
     operation: Operation,
     who: &Requester<'_>,
@@ -423,9 +443,12 @@ fn mutate_pod(
         OptOut::NotRequested => {}
     }
     out.opt_out = Some(opt_out);
-    if mutate::is_training_pod(policy, &pod) {
+    let gpus = Gpus::of(policy, &pod, who.namespace, cluster);
+    warnings.extend(gpus.warnings.iter().cloned());
+    out.unresolved.clone_from(&gpus.unresolved);
+    if mutate::is_training_pod(policy, &pod, &gpus) {
         let before = diff::Snapshot::of(&pod);
-        let outcome = mutate::mutate(policy, &mut pod);
+        let outcome = mutate::mutate(policy, &mut pod, &gpus);
         let patch = before.and_then(|b| diff::patch_text(&b, &diff::Snapshot::of(&pod)?));
         warnings.extend(outcome.warnings);
         out.steps = outcome.applied;
@@ -499,7 +522,8 @@ mod tests {
             let pod: Pod = serde_json::from_value(v["request"]["object"].clone()).unwrap();
             assert!(pod.metadata.managed_fields.is_some());
             let mut mutated = pod.clone();
-            mutate::mutate(&policy, &mut mutated);
+            let gpus = Gpus::of(&policy, &pod, "", &Offline);
+            mutate::mutate(&policy, &mut mutated, &gpus);
             let expected = json_patch::diff(
                 &serde_json::to_value(&pod).unwrap(),
                 &serde_json::to_value(&mutated).unwrap(),

@@ -17,13 +17,19 @@ use std::fmt::Write as _;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+use crate::gpu::{Gpus, Use};
 use crate::pod::ContainerKind;
 use crate::policy::{DefaultResources, Policy};
 use crate::quantity;
 
 const NANO: i128 = 1_000_000_000;
 
+/// [`apply`] with the pod's GPUs read from the pod alone.
 pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
+    super::alone(apply, policy, pod, warnings)
+}
+
+pub fn apply(policy: &Policy, gpus: &Gpus<'_>, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
     let Some(spec) = pod.spec.as_mut() else {
         return false;
     };
@@ -37,7 +43,7 @@ pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> boo
     let all = crate::pod::containers_mut(init_containers, containers);
     let mut changed = false;
     for (kind, c) in all {
-        let set = fill(policy, pod_level, c);
+        let set = fill(policy, gpus.of_container(&c.name), pod_level, c);
         if !set.is_empty() {
             warnings.push(message(kind, &c.name, &set));
             changed = true;
@@ -55,7 +61,7 @@ struct Set {
 
 enum Why {
     Default,
-    /// The per-GPU default times the container's GPUs.
+    /// The per-GPU default times the container's GPUs (how, in words).
     PerGpu(String),
     /// The request, which is above the default (given).
     Request(String),
@@ -63,22 +69,35 @@ enum Why {
     NotOvercommittable,
 }
 
-/// Sets the missing limits of one container, returning what it set (empty: nothing, and no
-/// allocation).
-fn fill(policy: &Policy, pod_level: Option<&ResourceRequirements>, c: &mut Container) -> Vec<Set> {
+/// Sets the missing limits of one container, which uses the GPUs `gpus`, returning what it
+/// set (empty: nothing, and no allocation).
+fn fill(
+    policy: &Policy,
+    gpus: &[Use<'_>],
+    pod_level: Option<&ResourceRequirements>,
+    c: &mut Container,
+) -> Vec<Set> {
     let dr = &policy.mutation.default_resources;
     let mut set = Vec::new();
-    // A resource in `perGpu` but not in `limits` has a default only for GPU containers.
-    let names = dr.limits.keys().chain(
-        dr.per_gpu
+    // A resource with a per-GPU default but none in `limits` has a default only for GPU
+    // containers.
+    let mut names: Vec<&String> = dr.limits.keys().collect();
+    if !gpus.is_empty() {
+        let per_gpu = dr
+            .per_gpu
             .keys()
-            .filter(|k| !dr.limits.contains_key(k.as_str())),
-    );
+            .chain(gpus.iter().flat_map(|u| u.class.spec.per_gpu.keys()));
+        for k in per_gpu {
+            if !names.contains(&k) {
+                names.push(k);
+            }
+        }
+    }
     for resource in names {
         if pod_sets(pod_level, resource) || has_limit(c, resource) {
             continue;
         }
-        let Some((default, why)) = default_for(policy, dr, c, resource) else {
+        let Some((default, why)) = default_for(dr, gpus, resource) else {
             continue;
         };
         let (value, why) = match requested(c, resource) {
@@ -132,48 +151,45 @@ fn fill(policy: &Policy, pod_level: Option<&ResourceRequirements>, c: &mut Conta
     set
 }
 
-/// The default limit for a container and resource in nano-units, or None when there is none
-/// or it cannot be computed (an unreadable GPU count, an absurd product).
-fn default_for(
-    policy: &Policy,
-    dr: &DefaultResources,
-    c: &Container,
-    resource: &str,
-) -> Option<(i128, Why)> {
-    if let Some(per) = dr.per_gpu.get(resource) {
-        let gpus = gpu_count(policy, c)?;
-        if gpus > 0 {
-            let per_nano = quantity::parse(&per.0).ok()?;
-            // Both are in nano-units; fractional GPUs (which the apiserver refuses) round up.
-            let total = per_nano.checked_mul(gpus)?;
+/// The default limit for a container with GPUs `gpus` and a resource, in nano-units, or
+/// None when there is none or it cannot be computed (an unreadable GPU count, an absurd
+/// product). With GPUs of a class that has a per-GPU default for the resource (its own, or
+/// `mutation.defaultResources.perGpu`), the default is the sum over the container's GPUs.
+fn default_for(dr: &DefaultResources, gpus: &[Use<'_>], resource: &str) -> Option<(i128, Why)> {
+    let mut total: i128 = 0;
+    let mut per_gpu: Option<&str> = None;
+    let mut mixed = false;
+    for u in gpus {
+        let Some(per) = u
+            .class
+            .spec
+            .per_gpu
+            .get(resource)
+            .or(dr.per_gpu.get(resource))
+        else {
+            continue;
+        };
+        let per_nano = quantity::parse(&per.0).ok()?;
+        // Both are in nano-units; fractional GPUs (which the apiserver refuses) round up.
+        total = total.checked_add(per_nano.checked_mul(u.count?.max(0))?)?;
+        match per_gpu {
+            Some(p) if p != per.0 => mixed = true,
+            _ => per_gpu = Some(&per.0),
+        }
+    }
+    if let Some(per) = per_gpu {
+        if total > 0 {
             let value = total / NANO + i128::from(total % NANO > 0);
-            return Some((value, Why::PerGpu(per.0.clone())));
+            let why = if mixed {
+                Why::PerGpu("the per-GPU defaults of its classes".into())
+            } else {
+                Why::PerGpu(format!("{per} per GPU"))
+            };
+            return Some((value, why));
         }
     }
     let flat = dr.limits.get(resource)?;
     Some((quantity::parse(&flat.0).ok()?, Why::Default))
-}
-
-/// The container's GPUs of every kind, in nano-units; None if one amount is unreadable.
-fn gpu_count(policy: &Policy, c: &Container) -> Option<i128> {
-    let Some(r) = c.resources.as_ref() else {
-        return Some(0);
-    };
-    let requests = r.requests.iter().flatten();
-    // A GPU only in limits is requested too (the apiserver copies it); count it once.
-    let limits_only = r
-        .limits
-        .iter()
-        .flatten()
-        .filter(|(k, _)| !r.requests.as_ref().is_some_and(|m| m.contains_key(*k)));
-    let mut total: i128 = 0;
-    for (name, q) in requests.chain(limits_only) {
-        if policy.gpu.is_gpu(name) {
-            let n = quantity::parse(&q.0).ok()?;
-            total = total.checked_add(n.max(0))?;
-        }
-    }
-    Some(total)
 }
 
 fn pod_sets(pod_level: Option<&ResourceRequirements>, resource: &str) -> bool {
@@ -222,7 +238,7 @@ fn message(kind: ContainerKind, name: &str, set: &[Set]) -> String {
         let _ = write!(m, "{}={}", s.resource, s.value);
         let _ = match &s.why {
             Why::Default => Ok(()),
-            Why::PerGpu(per) => write!(m, " ({per} per GPU)"),
+            Why::PerGpu(per) => write!(m, " ({per})"),
             Why::Request(default) => write!(m, " (its request, above the {default} default)"),
             Why::NotOvercommittable => write!(m, " (its request)"),
         };

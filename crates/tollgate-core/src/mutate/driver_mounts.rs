@@ -13,11 +13,18 @@ use k8s_openapi::api::core::v1::{
     Container, EnvVar, HostPathVolumeSource, Pod, PodSpec, Volume, VolumeMount,
 };
 
-use crate::pod::asks_for_gpu_resource;
-use crate::policy::{EnvEntry, HostMount, IfPresent, Policy};
+use crate::gpu::{Class, Gpus};
+use crate::policy::{Driver, EnvEntry, HostMount, IfPresent, Policy};
 
+/// [`apply`] with the pod's GPUs read from the pod alone.
 pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
-    let dm = &policy.mutation.driver_mounts;
+    super::alone(apply, policy, pod, warnings)
+}
+
+/// Mounts the driver of each `hostPath` class into the containers that use a GPU of it.
+/// Classes whose driver the runtime injects (`runtime`: device plugins with CDI, DRA
+/// drivers) get nothing: a redundant hostPath only makes Pod Security refuse the pod.
+pub fn apply(_: &Policy, gpus: &Gpus<'_>, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
     let Some(spec) = pod.spec.as_mut() else {
         return false;
     };
@@ -34,10 +41,8 @@ pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> boo
     // not once per container, since the user made one decision.
     let mut foreign: Vec<&str> = Vec::new();
     for (kind, c) in all {
-        for (resource, wanted) in &dm.resources {
-            if !asks_for_gpu_resource(policy, c, resource) {
-                continue;
-            }
+        for class in host_path_classes(gpus, &c.name) {
+            let wanted = class.spec;
             for m in &wanted.mounts {
                 if find_volume(volumes, &m.name).is_some_and(|v| !is_ours(v, m)) {
                     if !foreign.contains(&m.name.as_str()) {
@@ -95,6 +100,18 @@ pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> boo
         }
     }
     changed
+}
+
+/// The classes with a hostPath driver that a container uses a GPU of, each once, by name.
+fn host_path_classes<'p>(gpus: &Gpus<'p>, container: &str) -> Vec<Class<'p>> {
+    let mut out: Vec<Class<'p>> = Vec::new();
+    for u in gpus.of_container(container) {
+        if u.class.spec.driver == Driver::HostPath && !out.contains(&u.class) {
+            out.push(u.class);
+        }
+    }
+    out.sort_by_key(|c| c.name);
+    out
 }
 
 fn find_volume<'a>(volumes: &'a Option<Vec<Volume>>, name: &str) -> Option<&'a Volume> {
@@ -331,12 +348,7 @@ mod tests {
         ];
         for (mode, user, expected) in cases {
             let mut policy = Policy::default();
-            let res = policy
-                .mutation
-                .driver_mounts
-                .resources
-                .get_mut("nvidia.com/gpu")
-                .unwrap();
+            let res = policy.gpu.classes.get_mut("nvidia").unwrap();
             res.env[0].if_present = mode;
             let mut var = json!({"name": "LD_LIBRARY_PATH"});
             if !user.is_null() {
@@ -364,12 +376,7 @@ mod tests {
     #[test]
     fn new_env_goes_last_and_multi_component_values_are_idempotent() {
         let mut policy = Policy::default();
-        let res = policy
-            .mutation
-            .driver_mounts
-            .resources
-            .get_mut("nvidia.com/gpu")
-            .unwrap();
+        let res = policy.gpu.classes.get_mut("nvidia").unwrap();
         res.env = vec![
             EnvEntry {
                 name: "PATH".into(),
@@ -437,14 +444,7 @@ mod tests {
         // An earlier tollgate version or the user wrote exactly our volume, with or without
         // the apiserver's defaulted empty type.
         let mut policy = Policy::default();
-        policy
-            .mutation
-            .driver_mounts
-            .resources
-            .get_mut("nvidia.com/gpu")
-            .unwrap()
-            .mounts[0]
-            .r#type = String::new();
+        policy.gpu.classes.get_mut("nvidia").unwrap().mounts[0].r#type = String::new();
         let v = json!({"name": "tollgate-nvidia-driver", "hostPath": {"path": "/usr/local/nvidia", "type": ""}});
         let mut p = pod(json!({"spec": {"containers": [gpu("a")], "volumes": [v.clone()]}}));
         let (changed, warnings) = run(&policy, &mut p);
@@ -502,13 +502,9 @@ mod tests {
     #[test]
     fn shared_volume_between_resources_is_added_once() {
         let mut policy = Policy::default();
-        let nv = policy.mutation.driver_mounts.resources["nvidia.com/gpu"].clone();
-        policy
-            .mutation
-            .driver_mounts
-            .resources
-            .insert("example.com/gpu".into(), nv);
-        policy.gpu.resources.push("example.com/gpu".into());
+        let mut example = policy.gpu.classes["nvidia"].clone();
+        example.resources = vec!["example.com/gpu".into()];
+        policy.gpu.classes.insert("example".into(), example);
         let mut p = pod(json!({"spec": {"containers": [
             {"name": "both", "resources": {"limits": {"nvidia.com/gpu": "1", "example.com/gpu": "1"}}},
             {"name": "other", "resources": {"limits": {"example.com/gpu": "2"}}},

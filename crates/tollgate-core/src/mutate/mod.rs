@@ -11,7 +11,9 @@ pub mod tolerations;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::pod::{annotation_is_true, asks_for_gpu};
+use crate::cluster::Offline;
+use crate::gpu::Gpus;
+use crate::pod::annotation_is_true;
 use crate::policy::Policy;
 
 /// One mutation step, named as in the applied annotation.
@@ -54,22 +56,20 @@ pub struct Outcome {
     pub warnings: Vec<String>,
 }
 
-/// Whether the policy treats this pod as a training pod.
-pub fn is_training_pod(policy: &Policy, pod: &Pod) -> bool {
+/// Whether the policy treats this pod, with these GPUs, as a training pod.
+pub fn is_training_pod(policy: &Policy, pod: &Pod, gpus: &Gpus<'_>) -> bool {
     let sel = &policy.selection;
     let labelled = pod
         .metadata
         .labels
         .as_ref()
         .is_some_and(|l| sel.workload_labels.iter().any(|k| l.contains_key(k)));
-    labelled
-        || annotation_is_true(pod, &sel.training_annotation)
-        || (sel.gpu_pods && asks_for_gpu(policy, pod))
+    labelled || annotation_is_true(pod, &sel.training_annotation) || (sel.gpu_pods && gpus.any())
 }
 
-/// Applies every enabled step to a training pod. The caller decides whether the pod is one
-/// and whether it opted out.
-pub fn mutate(policy: &Policy, pod: &mut Pod) -> Outcome {
+/// Applies every enabled step to a training pod with these GPUs (read before the steps, by
+/// [`Gpus::of`]). The caller decides whether the pod is one and whether it opted out.
+pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>) -> Outcome {
     let m = &policy.mutation;
     let mut out = Outcome::default();
     // The sidecar goes in before defaults so that it is covered by them like any container.
@@ -77,65 +77,119 @@ pub fn mutate(policy: &Policy, pod: &mut Pod) -> Outcome {
         (
             Step::Tolerations,
             m.gpu_tolerations.enabled,
-            tolerations::ensure,
+            tolerations::apply,
         ),
         (
             Step::DriverMounts,
             m.driver_mounts.enabled,
-            driver_mounts::ensure,
+            driver_mounts::apply,
         ),
         (
             Step::MetricsSidecar,
             m.metrics_sidecar.enabled,
-            metrics_sidecar::ensure,
+            |policy, _, pod, warnings| metrics_sidecar::ensure(policy, pod, warnings),
         ),
         (
             Step::DefaultResources,
             m.default_resources.enabled,
-            default_resources::ensure,
+            default_resources::apply,
         ),
     ];
-    for (step, enabled, ensure) in steps {
-        if enabled && ensure(policy, pod, &mut out.warnings) {
+    for (step, enabled, apply) in steps {
+        if enabled && apply(policy, gpus, pod, &mut out.warnings) {
             out.applied.push(step);
         }
     }
-    record_applied(policy, pod, &out.applied);
+    let classes: Vec<&str> = gpus.classes.iter().map(|c| c.name).collect();
+    record_applied(policy, pod, &out.applied, &classes);
     out
 }
 
-type StepFn = fn(&Policy, &mut Pod, &mut Vec<String>) -> bool;
+/// A step as [`mutate`] runs it, with the pod's GPUs.
+type StepFn = fn(&Policy, &Gpus<'_>, &mut Pod, &mut Vec<String>) -> bool;
 
-/// Records the steps applied to this pod, across passes: the union of what the annotation
-/// already says and what this pass did, so that a second pass leaves it unchanged.
-fn record_applied(policy: &Policy, pod: &mut Pod, applied: &[Step]) {
+/// A step on its own: it reads the pod's GPUs itself, without a cluster context (tests).
+pub(crate) fn alone(
+    apply: StepFn,
+    policy: &Policy,
+    pod: &mut Pod,
+    warnings: &mut Vec<String>,
+) -> bool {
+    let gpus = Gpus::of(policy, pod, "", &Offline);
+    apply(policy, &gpus, pod, warnings)
+}
+
+/// One item of the applied annotation: a step, or the GPU class it recognised
+/// (`gpu=nvidia`). Steps come first, in their order, then the classes by name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Applied {
+    Step(Step),
+    Gpu(String),
+}
+
+impl Applied {
+    fn parse(s: &str) -> Option<Applied> {
+        match s.strip_prefix("gpu=") {
+            Some(class) if !class.is_empty() => Some(Applied::Gpu(class.to_owned())),
+            Some(_) => None,
+            None => Step::from_str(s).map(Applied::Step),
+        }
+    }
+
+    fn write(&self, out: &mut String) {
+        match self {
+            Applied::Step(s) => out.push_str(s.as_str()),
+            Applied::Gpu(c) => {
+                out.push_str("gpu=");
+                out.push_str(c);
+            }
+        }
+    }
+}
+
+/// Records the steps applied to this pod and the GPU classes they served, across passes:
+/// the union of what the annotation already says and what this pass did, so that a second
+/// pass leaves it unchanged. A pass that applied nothing records nothing.
+fn record_applied(policy: &Policy, pod: &mut Pod, applied: &[Step], classes: &[&str]) {
     let key = &policy.mutation.applied_annotation;
     let annotations = pod
         .metadata
         .annotations
         .get_or_insert_with(Default::default);
-    let mut steps: Vec<Step> = annotations
+    let mut items: Vec<Applied> = annotations
         .get(key)
         .map(|v| {
             v.split(',')
-                .filter_map(|s| Step::from_str(s.trim()))
+                .filter_map(|s| Applied::parse(s.trim()))
                 .collect()
         })
         .unwrap_or_default();
-    if applied.iter().all(|s| steps.contains(s)) {
+    let new = applied.iter().map(|s| Applied::Step(*s)).chain(
+        classes
+            .iter()
+            .filter(|_| !applied.is_empty())
+            .map(|c| Applied::Gpu((*c).to_owned())),
+    );
+    let before = items.len();
+    for item in new {
+        if !items.contains(&item) {
+            items.push(item);
+        }
+    }
+    if items.len() == before {
         if annotations.is_empty() {
             pod.metadata.annotations = None;
         }
         return;
     }
-    steps.extend_from_slice(applied);
-    steps.sort();
-    steps.dedup();
-    let value = steps
-        .iter()
-        .map(|s| s.as_str())
-        .collect::<Vec<_>>()
-        .join(",");
+    items.sort();
+    let mut value = String::new();
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            value.push(',');
+        }
+        item.write(&mut value);
+    }
     annotations.insert(key.clone(), value);
 }
 
@@ -145,8 +199,10 @@ pub(crate) mod testing {
     use k8s_openapi::api::core::v1::Pod;
     use serde_json::Value;
 
-    use super::StepFn;
     use crate::policy::Policy;
+
+    /// A step as its own tests call it: `ensure(policy, pod, warnings)`.
+    pub type EnsureFn = fn(&Policy, &mut Pod, &mut Vec<String>) -> bool;
 
     pub fn pod(v: Value) -> Pod {
         serde_json::from_value(v).unwrap()
@@ -158,7 +214,7 @@ pub(crate) mod testing {
 
     /// Runs `step`, then again on its output, asserting the second pass changes nothing.
     /// Returns whether the first pass changed the pod, its warnings and the second's.
-    pub fn twice(step: StepFn, policy: &Policy, p: &mut Pod) -> (bool, Vec<String>, Vec<String>) {
+    pub fn twice(step: EnsureFn, policy: &Policy, p: &mut Pod) -> (bool, Vec<String>, Vec<String>) {
         let mut warnings = vec![];
         let changed = step(policy, p, &mut warnings);
         let after = to_json(p);

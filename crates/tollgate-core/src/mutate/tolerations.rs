@@ -1,54 +1,90 @@
-//! GPU tolerations, as the built-in ExtendedResourceToleration plugin adds them.
+//! GPU tolerations: what the built-in ExtendedResourceToleration plugin adds, for every way
+//! a pod gets a GPU and every way a pool is tainted.
 //!
-//! Nodes with GPUs are commonly tainted `<resource>:NoSchedule` so that only pods asking for
-//! the GPU land there; a pod asking for it needs the matching toleration. Tolerations already
-//! on the pod (the apiserver's not-ready/unreachable ones among them) are kept as they are.
-
-use std::collections::BTreeSet;
+//! GPU nodes are tainted so that only pods that need them land there: with the resource's
+//! own name (`nvidia.com/gpu:NoSchedule`, what the plugin assumes), or with a pool's key
+//! (`sku=gpu:NoSchedule` on AKS, `pool=a100`). A MIG slice or a DRA claim lands on the same
+//! `nvidia.com/gpu` nodes, which the plugin does not know. Each GPU class of the policy
+//! says what its pods tolerate. Tolerations already on the pod (the apiserver's
+//! not-ready/unreachable ones among them) are kept as they are, and one that already covers
+//! a taint means there is nothing to add for it.
 
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 
-use crate::pod::{containers, gpus_of};
+use crate::gpu::Gpus;
 use crate::policy::Policy;
 
-pub fn ensure(policy: &Policy, pod: &mut Pod, _warnings: &mut Vec<String>) -> bool {
+/// [`apply`] with the pod's GPUs read from the pod alone.
+pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
+    super::alone(apply, policy, pod, warnings)
+}
+
+pub fn apply(_: &Policy, gpus: &Gpus<'_>, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
     let Some(spec) = pod.spec.as_mut() else {
         return false;
     };
-    let effect = &policy.mutation.gpu_tolerations.effect;
-    // Sorted, so that the order of the tolerations added does not depend on container order.
-    let wanted: BTreeSet<String> = containers(spec)
-        .flat_map(|(_, c)| gpus_of(policy, c).into_iter().map(|(name, _)| name))
-        .collect();
     let mut changed = false;
-    for resource in wanted {
+    for wanted in gpus.wanted_tolerations() {
         let existing = spec.tolerations.as_deref().unwrap_or_default();
-        if existing.iter().any(|t| tolerates(t, &resource, effect)) {
+        if existing.iter().any(|t| covers(t, &wanted.toleration)) {
             continue;
         }
+        warnings.push(format!(
+            "tollgate: added the toleration {} for GPU class {:?} ({})",
+            describe(&wanted.toleration),
+            wanted.class.name,
+            wanted.because
+        ));
         spec.tolerations
             .get_or_insert_with(Vec::new)
-            .push(Toleration {
-                key: Some(resource),
-                operator: Some("Exists".into()),
-                effect: (!effect.is_empty()).then(|| effect.clone()),
-                ..Default::default()
-            });
+            .push(wanted.toleration);
         changed = true;
     }
     changed
 }
 
-/// Whether an existing toleration already tolerates the taint `<resource>:<effect>` with any
-/// value: same key or an empty key, operator Exists, and the same effect or none.
-fn tolerates(t: &Toleration, resource: &str, effect: &str) -> bool {
+/// Whether toleration `t` tolerates every taint that `wanted` tolerates: an empty key with
+/// Exists tolerates every taint; otherwise the same key, with Exists (any value) or the same
+/// value as an Equal `wanted`, and no effect (every effect) or the same one.
+fn covers(t: &Toleration, wanted: &Toleration) -> bool {
     let key = t.key.as_deref().unwrap_or("");
+    // The apiserver defaults an unset operator to Equal.
     let exists = t.operator.as_deref() == Some("Exists");
+    let wanted_key = wanted.key.as_deref().unwrap_or("");
+    let wanted_exists = wanted.operator.as_deref() == Some("Exists");
+    let key_ok = if key.is_empty() {
+        exists
+    } else {
+        key == wanted_key
+    };
+    let value_ok = exists
+        || (!wanted_exists
+            && t.value.as_deref().unwrap_or("") == wanted.value.as_deref().unwrap_or(""));
     let effect_ok = match t.effect.as_deref() {
         None | Some("") => true,
-        Some(e) => e == effect,
+        Some(e) => wanted.effect.as_deref() == Some(e),
     };
-    exists && (key.is_empty() || key == resource) && effect_ok
+    key_ok && value_ok && effect_ok
+}
+
+/// A toleration as a user reads it: `key:Effect`, `key=value:Effect`, or `every taint`.
+fn describe(t: &Toleration) -> String {
+    let key = t.key.as_deref().unwrap_or("");
+    let mut out = if key.is_empty() {
+        "of every taint".to_owned()
+    } else if t.operator.as_deref() == Some("Exists") {
+        key.to_owned()
+    } else {
+        format!("{key}={}", t.value.as_deref().unwrap_or(""))
+    };
+    match t.effect.as_deref() {
+        None | Some("") => {}
+        Some(e) => {
+            out.push(':');
+            out.push_str(e);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
