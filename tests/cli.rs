@@ -53,14 +53,26 @@ fn every_fixture_gives_a_sensible_result() {
         let path = format!("tests/fixtures/apiserver-v1.36/{name}");
         let out = tollgate(&["review", &path], None);
         let text = String::from_utf8_lossy(&out.stdout);
-        let expect_denied =
-            name.starts_with("notebook-helper") || name.starts_with("dryrun-helper");
+        // The pods without requests that are not training pods; bob may not opt out.
+        let expect_denied = [
+            "notebook-helper",
+            "dryrun-helper",
+            "scratch-notebook-by-bob",
+            "notebook-pod-by-replicaset-controller",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p));
         assert_eq!(
             out.status.code(),
             Some(if expect_denied { 1 } else { 0 }),
             "{name}: {text}"
         );
-        assert!(text.starts_with("pod ml/"), "{name}: {text}");
+        let review: serde_json::Value = serde_json::from_slice(&common::fixture(&name)).unwrap();
+        let namespace = review["request"]["namespace"].as_str().unwrap();
+        assert!(
+            text.starts_with(&format!("pod {namespace}/")),
+            "{name}: {text}"
+        );
     }
 }
 
@@ -231,4 +243,75 @@ fn certs_writes_a_ca_and_a_serving_certificate_for_the_service() {
     let store = tollgate::tls::CertStore::open(&out_dir.join("tls.crt"), &out_dir.join("tls.key"));
     assert!(store.is_ok(), "the pair loads");
     assert!(ca.contains("BEGIN CERTIFICATE") && key.contains("PRIVATE KEY"));
+}
+
+/// A DRA Job's file as a user has it: the claim template beside the pod. The template is
+/// the pod's cluster context; several pods give one result each, and the exit status is
+/// 1 as soon as one is denied.
+#[test]
+fn a_multi_document_file_is_its_own_cluster_context() {
+    let template = "apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: two-gpus
+  namespace: ml
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly:
+            deviceClassName: gpu.nvidia.com
+            count: 2
+";
+    let pod = "apiVersion: v1
+kind: Pod
+metadata:
+  name: dra
+  namespace: ml
+spec:
+  resourceClaims:
+    - name: gpus
+      resourceClaimTemplateName: two-gpus
+  containers:
+    - name: trainer
+      image: trainer
+      resources:
+        requests: {cpu: \"1\", memory: 1Gi}
+        claims:
+          - name: gpus
+";
+    let file = format!("{pod}---\n{template}");
+    let out = tollgate(&["review", "--output", "json", "-"], Some(file.as_bytes()));
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tolerations = &v["mutatedPod"]["spec"]["tolerations"];
+    assert_eq!(tolerations[0]["key"], "nvidia.com/gpu", "{v}");
+    assert!(
+        v["mutatedPod"]["spec"]["volumes"].is_null(),
+        "runtime driver: {v}"
+    );
+
+    // Without the template the claim is unknown: no toleration, a warning that says so.
+    let out = tollgate(&["review", "--output", "json", "-"], Some(pod.as_bytes()));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["mutatedPod"]["spec"]["tolerations"].is_null(), "{v}");
+    assert!(v["warnings"][0]
+        .as_str()
+        .unwrap()
+        .contains("could not read ResourceClaimTemplate \"two-gpus\""));
+
+    // Two pods: an array of two results, and exit 1 for the notebook without requests.
+    let file = format!("{pod}---\n{template}---\n{NOTEBOOK}");
+    let out = tollgate(&["review", "--output", "json", "-"], Some(file.as_bytes()));
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = v.as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[0]["decision"], "allowed");
+    assert_eq!(results[1]["decision"], "denied");
+    let text = tollgate(&["review", "-"], Some(file.as_bytes()));
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.starts_with("pod ml/dra: allowed"), "{text}");
+    assert!(text.contains("\npod default/notebook: denied"), "{text}");
 }

@@ -6,6 +6,10 @@
 //! - the input: `review.json` (an AdmissionReview) or `pod.yaml` (a Pod, sent as the CREATE
 //!   review the apiserver would send);
 //! - `policy.yaml` (optional; the shipped `policies/default.yaml` otherwise);
+//! - `context.yaml` (optional): ResourceClaims, ResourceClaimTemplates and Namespaces, the
+//!   cluster context of the review (the engine and the HTTP router get them as the
+//!   server's context; `tollgate review` gets them in the same file as the input, as a
+//!   user would write it);
 //! - the expected output: `response.json` (the AdmissionReview returned, with the patch
 //!   decoded for reading) and, for mutate cases, `mutated.yaml` (the input pod with the
 //!   patch applied).
@@ -30,8 +34,9 @@ use http_body_util::BodyExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 use serde_json::Value;
+use tollgate_core::cluster::Objects;
 use tollgate_core::policy::Policy;
-use tollgate_core::review::{review_bytes, Endpoint};
+use tollgate_core::review::{review_bytes_with, Endpoint};
 use tower::ServiceExt as _;
 
 #[derive(Deserialize)]
@@ -62,6 +67,9 @@ struct Case {
     review: Value,
     policy_path: PathBuf,
     policy: Policy,
+    /// `context.yaml`'s objects, and its text for the CLI's input file.
+    context: Objects,
+    context_text: Option<String>,
 }
 
 fn bless() -> bool {
@@ -118,6 +126,23 @@ fn load_case(dir: &Path) -> Result<Case, String> {
     } else {
         return Err("no input: add review.json or pod.yaml".into());
     };
+    let context_text = std::fs::read_to_string(dir.join("context.yaml")).ok();
+    let context = match &context_text {
+        Some(text) => {
+            let docs = tollgate::cli::documents(text).map_err(|e| format!("context.yaml: {e}"))?;
+            let mut objects = Objects::complete();
+            for d in docs {
+                match d["kind"].as_str() {
+                    Some("ResourceClaim") => objects.add_claim(from(d)?),
+                    Some("ResourceClaimTemplate") => objects.add_template(from(d)?),
+                    Some("Namespace") => objects.add_namespace(from(d)?),
+                    k => return Err(format!("context.yaml: a {k:?} is not context")),
+                }
+            }
+            objects
+        }
+        None => Objects::complete(),
+    };
     Ok(Case {
         dir: dir.to_owned(),
         spec,
@@ -126,7 +151,13 @@ fn load_case(dir: &Path) -> Result<Case, String> {
         review,
         policy_path,
         policy,
+        context,
+        context_text,
     })
+}
+
+fn from<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
+    serde_json::from_value(v).map_err(|e| format!("context.yaml: {e}"))
 }
 
 /// The response with the base64 patch decoded, so goldens read as what they do.
@@ -177,7 +208,12 @@ fn stale(path: &Path, failures: &mut Vec<String>) {
 }
 
 async fn via_http(case: &Case, body: Vec<u8>) -> Vec<u8> {
-    let app = tollgate::router(common::state_with(case.policy.clone()));
+    let state = tollgate::server::AppState::with_cluster(
+        tollgate::server::ActivePolicy::new(case.policy.clone(), b"test"),
+        tollgate::server::Limits::default(),
+        std::sync::Arc::new(case.context.clone()),
+    );
+    let app = tollgate::router(state);
     let path = format!("/{}?timeout=10s", case.endpoint.as_str());
     let req = Request::post(path)
         .header("content-type", "application/json")
@@ -194,6 +230,16 @@ async fn via_http(case: &Case, body: Vec<u8>) -> Vec<u8> {
 }
 
 fn via_cli(case: &Case) -> Value {
+    // With a context, the input and the context go in one file, as a user writes them.
+    let combined = case.context_text.as_ref().map(|context| {
+        let input = std::fs::read_to_string(&case.input_path).unwrap();
+        let file = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
+        std::fs::write(file.path(), format!("{input}\n---\n{context}")).unwrap();
+        file
+    });
+    let input_path = combined
+        .as_ref()
+        .map_or(case.input_path.clone(), |f| f.path().to_owned());
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
     cmd.args([
         "review",
@@ -204,7 +250,7 @@ fn via_cli(case: &Case) -> Value {
         "--policy",
     ])
     .arg(&case.policy_path)
-    .arg(&case.input_path);
+    .arg(&input_path);
     if case.input_path.extension().is_some_and(|e| e == "yaml") {
         if let Some(ns) = &case.spec.namespace {
             cmd.args(["--namespace", ns]);
@@ -271,9 +317,10 @@ fn check_mutation(case: &Case, response: &Value, failures: &mut Vec<String>) {
     // Idempotency: the mutated pod, sent again (as reinvocation does), gets no patch.
     let mut again = case.review.clone();
     *again.pointer_mut("/request/object").unwrap() = pod;
-    let second = review_bytes(
+    let second = review_bytes_with(
         Endpoint::Mutate,
         &case.policy,
+        &case.context,
         &serde_json::to_vec(&again).unwrap(),
     )
     .unwrap();
@@ -299,7 +346,7 @@ async fn golden_cases() {
             }
         };
         let body = serde_json::to_vec(&case.review).unwrap();
-        let engine = review_bytes(case.endpoint, &case.policy, &body)
+        let engine = review_bytes_with(case.endpoint, &case.policy, &case.context, &body)
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let response = readable(&engine.to_json());
 

@@ -31,9 +31,11 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
+use crate::cluster::ClusterContext;
 use crate::metrics::Metrics;
 use crate::tls::CertStore;
 use conn::Connections;
+use tollgate_core::cluster::Offline;
 use tollgate_core::policy::Policy;
 
 /// The policy in force and the hash that identifies it in metrics and logs.
@@ -96,6 +98,8 @@ impl Default for Limits {
 /// What every request handler shares.
 pub struct AppState {
     pub policy: ArcSwap<ActivePolicy>,
+    /// What reviews know of other objects (`--cluster-context`).
+    pub cluster: Arc<dyn ClusterContext>,
     pub metrics: Metrics,
     pub limits: Limits,
     /// False until the certificate is loaded, and again once shutdown starts.
@@ -104,10 +108,20 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(policy: ActivePolicy, limits: Limits) -> Arc<AppState> {
+        AppState::with_cluster(policy, limits, Arc::new(Offline))
+    }
+
+    /// [`AppState::new`] with a cluster context.
+    pub fn with_cluster(
+        policy: ActivePolicy,
+        limits: Limits,
+        cluster: Arc<dyn ClusterContext>,
+    ) -> Arc<AppState> {
         let metrics = Metrics::new();
         metrics.set_policy_hash(&policy.hash);
         Arc::new(AppState {
             policy: ArcSwap::from_pointee(policy),
+            cluster,
             metrics,
             limits,
             ready: AtomicBool::new(true),

@@ -1,5 +1,5 @@
 //! The routes and their handlers: `POST /mutate` and `POST /validate` (each a call to
-//! [`review_bytes`], the same call the `review` command makes), the probes, the metrics
+//! [`review_bytes_with`], the same call the `review` command makes), the probes, the metrics
 //! port, and the floor the load benchmark measures against.
 
 use std::sync::atomic::Ordering;
@@ -16,8 +16,10 @@ use tracing::{info, warn};
 
 use super::{AppState, Limits};
 use crate::metrics::Metrics;
+use tollgate_core::cluster::Layered;
 use tollgate_core::optout::OptOut;
-use tollgate_core::review::{review_bytes, Endpoint, Reviewed};
+use tollgate_core::policy::Policy;
+use tollgate_core::review::{review_bytes_with, Endpoint, ReviewError, Reviewed};
 
 /// The webhook's routes. Used by the TLS server and, without a socket, by tests.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -160,7 +162,7 @@ async fn handle(s: Arc<AppState>, endpoint: Endpoint, req: Request) -> Response 
         }
     };
     let active = s.policy.load();
-    match review_bytes(endpoint, &active.policy, &body) {
+    match review(&s, endpoint, &active.policy, &body).await {
         Ok(reviewed) => {
             let out = reviewed.to_json();
             let elapsed = start.elapsed();
@@ -187,6 +189,30 @@ async fn handle(s: Arc<AppState>, endpoint: Endpoint, req: Request) -> Response 
             text(StatusCode::BAD_REQUEST, format!("{e}\n"))
         }
     }
+}
+
+/// Reviews in the cluster context; objects it did not know (a claim created a moment ago)
+/// are fetched once, bounded, and the review run again with them.
+async fn review(
+    s: &AppState,
+    endpoint: Endpoint,
+    policy: &Policy,
+    body: &[u8],
+) -> Result<Reviewed, ReviewError> {
+    let context = &*s.cluster;
+    let reviewed = review_bytes_with(endpoint, policy, context, body)?;
+    if reviewed.unresolved.is_empty() {
+        return Ok(reviewed);
+    }
+    let fetched = context.fetch(&reviewed.unresolved).await;
+    if fetched.is_empty() {
+        return Ok(reviewed);
+    }
+    let layered = Layered {
+        first: &fetched,
+        then: context,
+    };
+    review_bytes_with(endpoint, policy, &layered, body)
 }
 
 async fn read_body(limits: &Limits, req: Request) -> Result<Bytes, Response> {

@@ -122,14 +122,20 @@ impl<'p> Gpus<'p> {
             .map(|c| (c.name.as_str(), out.resolve(policy, c, namespace, cluster)))
             .collect();
         for (claim, requests) in &claims {
-            for r in requests.iter().flatten() {
-                for alt in &r.alternatives {
-                    if let Some(class) = alt.class {
-                        out.add_class(class);
-                        out.claim_classes
-                            .push((class, format!("claim {claim:?}: {}", alt.device_class)));
-                    }
+            // Per class, the claim's device classes of it: "claim \"c\": a or b".
+            let mut by_class: Vec<(Class<'p>, Vec<&str>)> = Vec::new();
+            for alt in requests.iter().flatten().flat_map(|r| &r.alternatives) {
+                let Some(class) = alt.class else { continue };
+                out.add_class(class);
+                match by_class.iter_mut().find(|(c, _)| *c == class) {
+                    Some((_, dcs)) if dcs.contains(&alt.device_class.as_str()) => {}
+                    Some((_, dcs)) => dcs.push(&alt.device_class),
+                    None => by_class.push((class, vec![&alt.device_class])),
                 }
+            }
+            for (class, dcs) in by_class {
+                out.claim_classes
+                    .push((class, format!("claim {claim:?}: {}", dcs.join(" or "))));
             }
         }
         for (_, c) in containers(spec) {

@@ -1,0 +1,245 @@
+//! The command line: `serve`, `review`, `certs` and `register`.
+
+mod review;
+
+pub use review::{
+    documents, run_review, split, synthetic_review, CliResult, Input, Output, ReviewArgs, Stage,
+};
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::server::{self, Limits, ServeOptions};
+use crate::telemetry::{self, LogFormat};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tollgate",
+    version,
+    about = "Admission webhook for machine-learning training pods"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the webhook server (HTTPS, HTTP/1.1 and HTTP/2).
+    Serve(ServeArgs),
+    /// Run the policy over a Pod or an AdmissionReview offline, as the server would.
+    Review(ReviewArgs),
+    /// Write a CA and a serving certificate for the webhook's Service.
+    Certs(CertsArgs),
+    /// Create or update the webhook configurations in a cluster (without cert-manager).
+    Register(crate::register::RegisterArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Policy file (YAML); reloaded when it changes [default: the built-in policy, a copy
+    /// of policies/default.yaml].
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// Address for the webhook [default: 0.0.0.0:8443, or 127.0.0.1:8443 with --dev].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Serving certificate (PEM); reloaded when it changes.
+    #[arg(long, requires = "tls_key", conflicts_with = "dev")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key of the serving certificate (PEM).
+    #[arg(long, requires = "tls_cert", conflicts_with = "dev")]
+    pub tls_key: Option<PathBuf>,
+    /// Only accept clients with a certificate signed by this CA (PEM): the apiserver.
+    #[arg(long)]
+    pub client_ca: Option<PathBuf>,
+    /// Make a throwaway CA and certificate under certs/dev/ and listen on 127.0.0.1.
+    #[arg(long)]
+    pub dev: bool,
+    /// Address for Prometheus metrics (plain HTTP, GET /metrics); "off" disables
+    /// [default: 0.0.0.0:9090, or 127.0.0.1:9090 with --dev].
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
+    /// Log format [default: json, or text with --dev].
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = Limits::default().max_body_bytes)]
+    pub max_body_bytes: usize,
+    /// Deadline to receive and answer one review, in milliseconds (below the webhook timeout).
+    #[arg(long, default_value_t = 2000)]
+    pub review_deadline_ms: u64,
+    /// Deadline for a client's TLS handshake, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub handshake_timeout_ms: u64,
+    /// Deadline for an HTTP/1.1 client's request headers, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub header_timeout_ms: u64,
+    /// Most connections open at once.
+    #[arg(long, default_value_t = Limits::default().max_connections)]
+    pub max_connections: usize,
+    /// Most concurrent HTTP/2 streams per connection.
+    #[arg(long, default_value_t = Limits::default().max_streams)]
+    pub max_streams: u32,
+    /// Close a connection that has had no request in flight for this long, in milliseconds.
+    #[arg(long, default_value_t = 60000)]
+    pub idle_timeout_ms: u64,
+    /// How often the policy and certificate files are checked for changes, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub reload_interval_ms: u64,
+    /// After SIGTERM: how long to keep serving, not ready, while endpoints update (ms).
+    #[arg(long, default_value_t = 2000)]
+    pub shutdown_delay_ms: u64,
+    /// Then: how long in-flight requests may take before the server exits anyway (ms).
+    #[arg(long, default_value_t = 8000)]
+    pub drain_timeout_ms: u64,
+    /// Benchmarks only: answer every review with a constant "allowed" without reading it,
+    /// over the same TLS and HTTP stack (the floor of benches/load.rs).
+    #[arg(long, hide = true)]
+    pub floor: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CertsArgs {
+    /// The webhook's Service name.
+    #[arg(long)]
+    pub service: String,
+    /// The Service's namespace.
+    #[arg(long)]
+    pub namespace: String,
+    /// Directory to write ca.crt, tls.crt and tls.key into.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Validity in days.
+    #[arg(long, default_value_t = 365)]
+    pub days: u32,
+}
+
+/// Runs the command line; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(a) => match serve(a) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("tollgate: {e:#}");
+                1
+            }
+        },
+        Command::Review(a) => review::run(&a),
+        Command::Register(a) => {
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(crate::register::run(&a)));
+            match result {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("tollgate: {e:#}");
+                    1
+                }
+            }
+        }
+        Command::Certs(a) => {
+            let names = crate::certs::service_names(&a.service, &a.namespace);
+            match crate::certs::generate(&names, a.days)
+                .and_then(|b| crate::certs::write(&a.out, &b))
+            {
+                Ok(()) => {
+                    println!(
+                        "wrote {0}/ca.crt, {0}/tls.crt and {0}/tls.key (for {1})",
+                        a.out.display(),
+                        names.join(", ")
+                    );
+                    0
+                }
+                Err(e) => {
+                    eprintln!("tollgate: {e}");
+                    1
+                }
+            }
+        }
+    }
+}
+
+fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    let (cert, key) = match (&a.tls_cert, &a.tls_key, a.dev) {
+        (Some(c), Some(k), _) => (c.clone(), k.clone()),
+        (_, _, true) => dev_certs()?,
+        _ => anyhow::bail!("no serving certificate: pass --tls-cert FILE --tls-key FILE, or --dev for a throwaway one"),
+    };
+    let local = if a.dev { "127.0.0.1" } else { "0.0.0.0" };
+    let listen = a
+        .listen
+        .unwrap_or_else(|| SocketAddr::new(local.parse().expect("literal address"), 8443));
+    let metrics_listen = match a.metrics_listen.as_deref() {
+        Some("off") => None,
+        Some(s) => Some(
+            s.parse()
+                .map_err(|e| anyhow::anyhow!("--metrics-listen {s:?}: {e}"))?,
+        ),
+        None => Some(SocketAddr::new(
+            local.parse().expect("literal address"),
+            9090,
+        )),
+    };
+    let default_format = if a.dev {
+        LogFormat::Text
+    } else {
+        LogFormat::Json
+    };
+    telemetry::init(a.log_format.unwrap_or(default_format));
+    let opts = ServeOptions {
+        listen,
+        metrics_listen,
+        policy_path: a.policy.clone(),
+        cert_path: cert,
+        key_path: key,
+        client_ca: a.client_ca.clone(),
+        limits: Limits {
+            max_body_bytes: a.max_body_bytes,
+            review_deadline: Duration::from_millis(a.review_deadline_ms),
+            handshake_timeout: Duration::from_millis(a.handshake_timeout_ms),
+            header_timeout: Duration::from_millis(a.header_timeout_ms),
+            max_connections: a.max_connections,
+            max_streams: a.max_streams,
+            idle_timeout: Duration::from_millis(a.idle_timeout_ms.max(1)),
+        },
+        reload_interval: Duration::from_millis(a.reload_interval_ms.max(10)),
+        shutdown_delay: Duration::from_millis(a.shutdown_delay_ms),
+        drain_timeout: Duration::from_millis(a.drain_timeout_ms),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let signal = server::shutdown_signal()?;
+        let running = if a.floor {
+            server::start_floor(opts).await?
+        } else {
+            server::start(opts).await?
+        };
+        if a.dev {
+            let port = running.addr.port();
+            eprintln!(
+                "tollgate is serving https://127.0.0.1:{port} with a throwaway certificate.\n\
+                 CA: certs/dev/ca.crt\n\
+                 Try:\n  curl --cacert certs/dev/ca.crt -H 'Content-Type: application/json' \
+                 --data @tests/fixtures/apiserver-v1.36/resnet50-master-0.mutate.json https://127.0.0.1:{port}/mutate"
+            );
+        }
+        running.run_until(signal).await;
+        Ok(())
+    })
+}
+
+fn dev_certs() -> anyhow::Result<(PathBuf, PathBuf)> {
+    let dir = Path::new("certs/dev");
+    let bundle = crate::certs::generate(&["localhost".to_owned(), "127.0.0.1".to_owned()], 30)?;
+    crate::certs::write(dir, &bundle)?;
+    Ok((dir.join("tls.crt"), dir.join("tls.key")))
+}

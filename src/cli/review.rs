@@ -1,0 +1,392 @@
+//! `tollgate review`: the engine offline, on the objects of a file, as a cluster with both
+//! webhooks would judge them.
+//!
+//! The input is one JSON document or any number of YAML documents (`---`), a `kind: List`
+//! among them expanded. Pods and AdmissionReviews are what is reviewed, in file order;
+//! ResourceClaims, ResourceClaimTemplates and Namespaces are the cluster context they are
+//! reviewed in (a DRA Job's file checked as it is, its claim template beside it). What the
+//! file does not hold does not exist, as far as the review knows.
+
+use std::io::Read as _;
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use serde_json::{json, Value};
+
+use tollgate_core::cluster::{Cluster, Objects};
+use tollgate_core::policy::Policy;
+use tollgate_core::review::{review_bytes_with, Endpoint, Reviewed};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Stage {
+    /// Mutate, then validate the mutated pod (after the apiserver's defaulting), as a
+    /// cluster with both webhooks would.
+    All,
+    /// Only the mutating webhook.
+    Mutate,
+    /// Only the validating webhook.
+    Validate,
+}
+
+#[derive(Args, Debug)]
+pub struct ReviewArgs {
+    /// Pods (YAML or JSON) or AdmissionReviews (JSON), with the ResourceClaims,
+    /// ResourceClaimTemplates and Namespaces they refer to; "-" reads standard input.
+    pub file: String,
+    /// Policy file (YAML) [default: the built-in policy, a copy of policies/default.yaml].
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+    /// Which webhook(s) to run.
+    #[arg(long, value_enum, default_value_t = Stage::All)]
+    pub stage: Stage,
+    /// For a Pod input: the namespace [default: the pod's, or "default"].
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// For a Pod input: the requesting user (opt-out governance looks at it).
+    #[arg(long, default_value = "tollgate-review")]
+    pub user: String,
+    /// For a Pod input: a group of the requesting user (repeatable).
+    #[arg(long = "group")]
+    pub groups: Vec<String>,
+}
+
+#[derive(Debug)]
+struct Unusable(String);
+
+/// Runs `tollgate review`; returns the exit status: 0 every object allowed, 1 one denied,
+/// 2 unusable input or policy.
+pub fn run(a: &ReviewArgs) -> i32 {
+    match review_inner(a) {
+        Ok((text, allowed)) => {
+            print!("{text}");
+            if allowed {
+                0
+            } else {
+                1
+            }
+        }
+        Err(Unusable(msg)) => {
+            eprintln!("tollgate: {msg}");
+            2
+        }
+    }
+}
+
+fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
+    let policy = match &a.policy {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Unusable(format!("{}: {e}", path.display())))?;
+            Policy::from_text(&path.display().to_string(), &text)
+                .map_err(|e| Unusable(e.to_string()))?
+        }
+        None => Policy::builtin(),
+    };
+    let input = if a.file == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| Unusable(format!("standard input: {e}")))?;
+        s
+    } else {
+        std::fs::read_to_string(&a.file).map_err(|e| Unusable(format!("{}: {e}", a.file)))?
+    };
+    let unusable = |e: String| Unusable(format!("{}: {e}", a.file));
+    let input = split(documents(&input).map_err(unusable)?).map_err(unusable)?;
+    let mut results = Vec::with_capacity(input.subjects.len());
+    for subject in &input.subjects {
+        results.push(run_review(&policy, subject, a, &input.context).map_err(unusable)?);
+    }
+    let allowed = results.iter().all(|r| r.allowed);
+    let text = match a.output {
+        Output::Json => {
+            // One object: the result itself, as it always was; several: an array of them.
+            let value = match results.as_slice() {
+                [one] => one.to_json(),
+                many => Value::Array(many.iter().map(CliResult::to_json).collect()),
+            };
+            let mut s = serde_json::to_string_pretty(&value).unwrap_or_default();
+            s.push('\n');
+            s
+        }
+        Output::Text => results
+            .iter()
+            .map(CliResult::to_text)
+            .collect::<Vec<_>>()
+            .join("\n"),
+    };
+    Ok((text, allowed))
+}
+
+/// The documents of an input: one JSON value, or YAML documents; a `kind: List` stands for
+/// its items.
+pub fn documents(text: &str) -> Result<Vec<Value>, String> {
+    if text.trim().is_empty() {
+        return Err("empty input: expected a Pod or an AdmissionReview".into());
+    }
+    // JSON first: it is exact for what the apiserver sends; YAML covers the rest.
+    let docs = match serde_json::from_str::<Value>(text) {
+        Ok(v) => vec![v],
+        Err(_) => serde_saphyr::from_multiple::<Value>(text)
+            .map_err(|e| format!("neither JSON nor YAML: {e}"))?,
+    };
+    let mut out = Vec::with_capacity(docs.len());
+    for d in docs {
+        match d {
+            Value::Null => {}
+            Value::Object(ref m) if m.get("kind").and_then(Value::as_str) == Some("List") => {
+                let items = m.get("items").and_then(Value::as_array).cloned();
+                out.extend(items.into_iter().flatten());
+            }
+            d => out.push(d),
+        }
+    }
+    Ok(out)
+}
+
+/// An input's documents: what is reviewed, and the cluster context it is reviewed in.
+pub struct Input {
+    pub subjects: Vec<Value>,
+    pub context: Objects,
+}
+
+/// Sorts documents into subjects (Pods, AdmissionReviews) and context (claims, claim
+/// templates, namespaces). Another kind of object is an error naming it.
+pub fn split(docs: Vec<Value>) -> Result<Input, String> {
+    let mut input = Input {
+        subjects: vec![],
+        context: Objects::complete(),
+    };
+    for (i, d) in docs.into_iter().enumerate() {
+        let kind = d
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let api = d.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+        let bad = |e: serde_json::Error| format!("document {}: a {kind}: {e}", i + 1);
+        match (kind.as_str(), api) {
+            ("Pod" | "AdmissionReview", _) => input.subjects.push(d),
+            ("ResourceClaim", "resource.k8s.io/v1") => {
+                input.context.add_claim(serde_json::from_value(d).map_err(bad)?)
+            }
+            ("ResourceClaimTemplate", "resource.k8s.io/v1") => {
+                input.context.add_template(serde_json::from_value(d).map_err(bad)?)
+            }
+            ("Namespace", "v1") => input.context.add_namespace(serde_json::from_value(d).map_err(bad)?),
+            ("", _) => {
+                return Err(format!(
+                    "document {}: no kind: expected a Pod or an AdmissionReview",
+                    i + 1
+                ))
+            }
+            (k, _) => {
+                return Err(format!(
+                    "a {k} ({api}): expected a Pod or an AdmissionReview, with the ResourceClaims (resource.k8s.io/v1), ResourceClaimTemplates and Namespaces they use"
+                ))
+            }
+        }
+    }
+    if input.subjects.is_empty() {
+        return Err("no Pod or AdmissionReview to review".into());
+    }
+    Ok(input)
+}
+
+/// What the review command found, for both output formats.
+pub struct CliResult {
+    pub allowed: bool,
+    pub message: Option<String>,
+    pub warnings: Vec<String>,
+    pub patch: Option<json_patch::Patch>,
+    pub mutated: Option<Value>,
+    pub mutate_response: Option<Value>,
+    pub validate_response: Option<Value>,
+    pub namespace: String,
+    pub name: String,
+    pub steps: Vec<&'static str>,
+}
+
+impl CliResult {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "decision": if self.allowed { "allowed" } else { "denied" },
+            "allowed": self.allowed,
+            "message": self.message,
+            "warnings": self.warnings,
+            "steps": self.steps,
+            "patch": self.patch,
+            "mutatedPod": self.mutated,
+            "mutateResponse": self.mutate_response,
+            "validateResponse": self.validate_response,
+        })
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut out = format!(
+            "pod {}/{}: {}",
+            self.namespace,
+            self.name,
+            if self.allowed { "allowed" } else { "denied" }
+        );
+        if !self.steps.is_empty() {
+            out.push_str(&format!(" (mutated: {})", self.steps.join(", ")));
+        }
+        out.push('\n');
+        if let Some(m) = &self.message {
+            out.push('\n');
+            out.push_str(m);
+            out.push('\n');
+        }
+        if !self.warnings.is_empty() {
+            out.push_str("\nwarnings:\n");
+            for w in &self.warnings {
+                out.push_str(&format!("  - {w}\n"));
+            }
+        }
+        if let Some(p) = &self.patch {
+            out.push_str("\npatch (JSONPatch):\n");
+            for op in &p.0 {
+                out.push_str(&format!(
+                    "  {}\n",
+                    serde_json::to_string(op).unwrap_or_default()
+                ));
+            }
+        }
+        if let Some(m) = &self.mutated {
+            out.push_str("\nmutated pod:\n");
+            out.push_str(&serde_saphyr::to_string(m).unwrap_or_default());
+        }
+        out
+    }
+}
+
+/// Builds the review(s) the apiserver would send for `value` and runs them, knowing what
+/// `cluster` knows.
+pub fn run_review(
+    policy: &Policy,
+    value: &Value,
+    a: &ReviewArgs,
+    cluster: &dyn Cluster,
+) -> Result<CliResult, String> {
+    let kind = value.get("kind").and_then(Value::as_str).unwrap_or("");
+    let review = match kind {
+        "AdmissionReview" => value.clone(),
+        "Pod" => synthetic_review(value, a.namespace.as_deref(), &a.user, &a.groups),
+        "" => return Err("no kind: expected a Pod or an AdmissionReview".into()),
+        k => return Err(format!("a {k}: expected a Pod or an AdmissionReview")),
+    };
+    let mut result = CliResult {
+        allowed: true,
+        message: None,
+        warnings: vec![],
+        patch: None,
+        mutated: None,
+        mutate_response: None,
+        validate_response: None,
+        namespace: String::new(),
+        name: String::new(),
+        steps: vec![],
+    };
+    let object = review.pointer("/request/object").cloned();
+    let mut to_validate = review.clone();
+    if a.stage != Stage::Validate {
+        let r = review_one(policy, cluster, Endpoint::Mutate, &review)?;
+        absorb(&mut result, &r);
+        let mut pod = object.clone().unwrap_or(Value::Null);
+        if let Some(p) = &r.patch() {
+            json_patch::patch(&mut pod, p).map_err(|e| format!("the patch does not apply: {e}"))?;
+        }
+        result.patch = r.patch();
+        result.steps = r.steps.iter().map(|s| s.as_str()).collect();
+        result.mutate_response = Some(response_value(&r));
+        if object.is_some() {
+            // What the apiserver does between the two webhooks.
+            let mut defaulted = pod.clone();
+            tollgate_core::pod::default_requests_from_limits(&mut defaulted);
+            if let Some(o) = to_validate.pointer_mut("/request/object") {
+                *o = defaulted;
+            }
+            result.mutated = Some(pod);
+        }
+        result.allowed = r.response.allowed;
+        if !r.response.allowed {
+            result.message = Some(r.response.result.message.clone());
+        }
+    }
+    if a.stage != Stage::Mutate && result.allowed {
+        let r = review_one(policy, cluster, Endpoint::Validate, &to_validate)?;
+        absorb(&mut result, &r);
+        result.validate_response = Some(response_value(&r));
+        result.allowed = r.response.allowed;
+        if !r.response.allowed {
+            result.message = Some(r.response.result.message.clone());
+        }
+    }
+    Ok(result)
+}
+
+fn review_one(
+    policy: &Policy,
+    cluster: &dyn Cluster,
+    endpoint: Endpoint,
+    review: &Value,
+) -> Result<Reviewed, String> {
+    let bytes = serde_json::to_vec(review).map_err(|e| e.to_string())?;
+    review_bytes_with(endpoint, policy, cluster, &bytes).map_err(|e| e.to_string())
+}
+
+fn absorb(result: &mut CliResult, r: &Reviewed) {
+    result.namespace = r.namespace.clone();
+    result.name = r.name.clone();
+    result
+        .warnings
+        .extend(r.response.warnings.iter().flatten().cloned());
+}
+
+fn response_value(r: &Reviewed) -> Value {
+    serde_json::from_slice(&r.to_json()).unwrap_or(Value::Null)
+}
+
+/// The CREATE review the apiserver would send for `pod`, from `user` in `groups`.
+pub fn synthetic_review(
+    pod: &Value,
+    namespace: Option<&str>,
+    user: &str,
+    groups: &[String],
+) -> Value {
+    let namespace = namespace
+        .or_else(|| pod.pointer("/metadata/namespace").and_then(Value::as_str))
+        .unwrap_or("default");
+    let name = pod
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let mut groups = groups.to_vec();
+    groups.push("system:authenticated".into());
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "00000000-0000-0000-0000-000000000000",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": name,
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": user, "groups": groups},
+            "object": pod,
+            "oldObject": null,
+            "dryRun": true,
+        }
+    })
+}
