@@ -9,12 +9,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Value};
-use tollgate_core::cluster::Offline;
+use tollgate_core::cluster::Objects;
 use tollgate_core::gpu::Gpus;
 use tollgate_core::mutate::Outcome;
 use tollgate_core::policy::{Policy, SidecarMode};
 use tollgate_core::quantity;
-use tollgate_core::review::{review_bytes, Endpoint};
+use tollgate_core::review::{review_bytes_with, Endpoint};
 
 const CASES: u64 = 1500;
 
@@ -240,7 +240,102 @@ fn gen_pod(rng: &mut Rng) -> Value {
     if rng.chance(20) {
         meta["annotations"] = json!({"prometheus.io/port": "8000"});
     }
+    // Drawn last, so that the pods of earlier seeds stay as they were.
+    add_claims(rng, &mut spec);
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+}
+
+/// The pod's DRA claims, some of them listed by containers (see [`context`]).
+fn add_claims(rng: &mut Rng, spec: &mut Value) {
+    if !rng.chance(40) {
+        return;
+    }
+    let mut claims = vec![];
+    for (i, source) in CLAIM_SOURCES.iter().enumerate() {
+        if rng.chance(35) {
+            let mut c = json!({"name": format!("claim{i}")});
+            c[source.0] = json!(source.1);
+            claims.push(c);
+        }
+    }
+    if claims.is_empty() {
+        return;
+    }
+    for list in ["initContainers", "containers"] {
+        for c in spec[list].as_array_mut().into_iter().flatten() {
+            if c["name"] == "tollgate-metrics" || !rng.chance(60) {
+                continue;
+            }
+            let claim = &claims[rng.below(claims.len())];
+            let mut r = json!({"name": claim["name"]});
+            if rng.chance(20) {
+                r["request"] = json!(rng.pick(&["gpus", "accel", "other"]));
+            }
+            if c["resources"].is_null() {
+                c["resources"] = json!({});
+            }
+            c["resources"]["claims"] = json!([r]);
+        }
+    }
+    spec["resourceClaims"] = json!(claims);
+}
+
+/// What a pod's claims may name: templates and a claim in [`context`], one that is not.
+const CLAIM_SOURCES: &[(&str, &str)] = &[
+    ("resourceClaimTemplateName", "two-gpus"),
+    ("resourceClaimTemplateName", "mig-or-gpu"),
+    ("resourceClaimTemplateName", "all-gpus"),
+    ("resourceClaimTemplateName", "nics"),
+    ("resourceClaimName", "four-gpus"),
+    ("resourceClaimTemplateName", "missing"),
+];
+
+/// The cluster the generated pods live in: their claim templates and claims, in `ml`.
+fn context() -> &'static Objects {
+    static CONTEXT: std::sync::OnceLock<Objects> = std::sync::OnceLock::new();
+    CONTEXT.get_or_init(build_context)
+}
+
+fn build_context() -> Objects {
+    let template = |name: &str, requests: Value| {
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"spec": {"devices": {"requests": requests}}}
+        }))
+        .unwrap()
+    };
+    let mut o = Objects::complete();
+    o.add_template(template(
+        "two-gpus",
+        json!([{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]),
+    ));
+    o.add_template(template(
+        "mig-or-gpu",
+        json!([{"name": "accel", "firstAvailable": [
+            {"name": "mig", "deviceClassName": "mig.nvidia.com", "count": 2},
+            {"name": "gpu", "deviceClassName": "gpu.nvidia.com"}
+        ]}]),
+    ));
+    o.add_template(template(
+        "all-gpus",
+        json!([{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}}]),
+    ));
+    o.add_template(template(
+        "nics",
+        json!([{"name": "other", "exactly": {"deviceClassName": "nic.example.com"}}]),
+    ));
+    o.add_claim(
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "four-gpus", "namespace": "ml"},
+            "spec": {"devices": {"requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 4}}
+            ]}}
+        }))
+        .unwrap(),
+    );
+    o
 }
 
 fn policies() -> Vec<(&'static str, Policy)> {
@@ -258,14 +353,14 @@ fn policies() -> Vec<(&'static str, Policy)> {
     ]
 }
 
-/// The mutation steps as a review runs them on a pod with no cluster context.
+/// The mutation steps as a review runs them on a pod of namespace `ml`, in [`context`].
 fn mutate(policy: &Policy, pod: &mut Pod) -> Outcome {
-    let gpus = Gpus::of(policy, pod, "ml", &Offline);
+    let gpus = Gpus::of(policy, pod, "ml", context());
     tollgate_core::mutate::mutate(policy, pod, &gpus)
 }
 
 fn is_training_pod(policy: &Policy, pod: &Pod) -> bool {
-    let gpus = Gpus::of(policy, pod, "ml", &Offline);
+    let gpus = Gpus::of(policy, pod, "ml", context());
     tollgate_core::mutate::is_training_pod(policy, pod, &gpus)
 }
 
@@ -426,13 +521,17 @@ fn generated_reviews_patch_cleanly() {
     ))
     .unwrap();
     let policy = Policy::default();
+    let context = context();
+    let mut with_claims = 0;
     for seed in 0..CASES / 5 {
         let mut rng = Rng::new(seed ^ 0xDEAD_BEEF);
         let object = gen_pod(&mut rng);
+        with_claims += usize::from(object["spec"]["resourceClaims"].is_array());
         let mut review = template.clone();
         review["request"]["object"] = object.clone();
+        review["request"]["namespace"] = json!("ml");
         let body = serde_json::to_vec(&review).unwrap();
-        let reviewed = review_bytes(Endpoint::Mutate, &policy, &body).unwrap();
+        let reviewed = review_bytes_with(Endpoint::Mutate, &policy, context, &body).unwrap();
         assert!(reviewed.response.allowed, "seed {seed}");
         let mut patched = object.clone();
         if let Some(patch) = &reviewed.patch() {
@@ -443,7 +542,28 @@ fn generated_reviews_patch_cleanly() {
         // The object sent may carry fields the typed Pod drops; only compare what it keeps.
         let patched: Pod = serde_json::from_value(patched).unwrap();
         assert_eq!(patched, expected, "seed {seed}: {object}");
+        // resourceClaims and resources.claims are never changed.
+        let claims_of = |p: &Pod| {
+            let containers: BTreeMap<String, _> = all_containers(p)
+                .iter()
+                .map(|c| {
+                    let claims = c.resources.as_ref().and_then(|r| r.claims.clone());
+                    (c.name.clone(), claims)
+                })
+                .collect();
+            (p.spec.as_ref().unwrap().resource_claims.clone(), containers)
+        };
+        let sent: Pod = serde_json::from_value(object.clone()).unwrap();
+        let (claims, mut per_container) = claims_of(&patched);
+        let (sent_claims, sent_per_container) = claims_of(&sent);
+        assert_eq!(claims, sent_claims, "seed {seed}");
+        per_container.retain(|name, _| sent_per_container.contains_key(name));
+        assert_eq!(per_container, sent_per_container, "seed {seed}");
     }
+    assert!(
+        with_claims > 20,
+        "the generator makes DRA pods: {with_claims}"
+    );
 }
 
 #[test]
@@ -554,7 +674,7 @@ fn check_agreement(seed: u64, policy: &Policy, input: &Value) {
         if unreadable {
             continue;
         }
-        let has_gpu = !Gpus::of(policy, &defaulted, "ml", &Offline)
+        let has_gpu = !Gpus::of(policy, &defaulted, "ml", context())
             .of_container(&c.name)
             .is_empty();
         for r in &missing.resources {

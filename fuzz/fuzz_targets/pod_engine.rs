@@ -38,9 +38,11 @@ fuzz_target!(|data: &[u8]| {
         let _ = tollgate_core::validate::validate(&policy, &before, op, &who);
     }
     let _ = tollgate_core::optout::decide(&policy, &before, &who);
-    let training = tollgate_core::mutate::is_training_pod(&policy, &before);
+    let offline = tollgate_core::cluster::Offline;
+    let gpus = tollgate_core::gpu::Gpus::of(&policy, &before, "ml", &offline);
+    let training = tollgate_core::mutate::is_training_pod(&policy, &before, &gpus);
     let mut pod = before.clone();
-    let first = tollgate_core::mutate::mutate(&policy, &mut pod);
+    let first = tollgate_core::mutate::mutate(&policy, &mut pod, &gpus);
     if !training {
         // mutate() itself does not look at selection; it must still behave.
     }
@@ -59,7 +61,8 @@ fuzz_target!(|data: &[u8]| {
         );
     }
     let mut again: Pod = serde_json::from_value(after_json.clone()).unwrap();
-    let second = tollgate_core::mutate::mutate(&policy, &mut again);
+    let gpus = tollgate_core::gpu::Gpus::of(&policy, &again, "ml", &offline);
+    let second = tollgate_core::mutate::mutate(&policy, &mut again, &gpus);
     assert!(
         second.applied.is_empty(),
         "second pass applied {:?}\n{before_json}",
