@@ -1,5 +1,5 @@
 //! The review path, without HTTP: parse the AdmissionReview, decide, compute the patch and
-//! write the response (`review_bytes(..)` + `to_json()`), for every shared apiserver fixture
+//! write the response (`review_bytes_with(..)` + `to_json()`), for every shared apiserver fixture
 //! and for a large training pod built here.
 //!
 //! ```text
@@ -22,8 +22,9 @@ use std::path::PathBuf;
 
 use criterion::{criterion_group, Criterion};
 use serde_json::{json, Value};
+use tollgate_core::cluster::Objects;
 use tollgate_core::policy::Policy;
-use tollgate_core::review::{review_bytes, Endpoint};
+use tollgate_core::review::{review_bytes_with, Endpoint};
 
 /// The allocator of the tollgate binary (src/main.rs), so that times are the server's.
 #[global_allocator]
@@ -156,19 +157,38 @@ fn cases() -> Vec<Case> {
     v
 }
 
+/// The cluster context of the fixtures: the claim template `dra-trainer` names, as the
+/// server's caches would hold it. Pods without claims never look at it.
+fn context() -> Objects {
+    let mut o = Objects::default();
+    o.add_template(
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "two-gpus", "namespace": "ml-cap2-1796114155"},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}
+            ]}}}
+        }))
+        .expect("a ResourceClaimTemplate"),
+    );
+    o
+}
+
 /// Everything the server does for one review between reading the body and writing it.
-fn review_once(policy: &Policy, case: &Case) -> Vec<u8> {
-    let reviewed = review_bytes(case.endpoint, policy, black_box(&case.body)).expect("a review");
+fn review_once(policy: &Policy, cluster: &Objects, case: &Case) -> Vec<u8> {
+    let reviewed =
+        review_bytes_with(case.endpoint, policy, cluster, black_box(&case.body)).expect("a review");
     reviewed.to_json()
 }
 
 fn bench_review(c: &mut Criterion) {
     let policy = policy();
+    let cluster = context();
     let mut group = c.benchmark_group("review");
     for case in cases() {
         // The large mutate case must really run every step: its patch touches every part.
         if case.name == "large.mutate" {
-            let r = review_bytes(case.endpoint, &policy, &case.body).unwrap();
+            let r = review_bytes_with(case.endpoint, &policy, &cluster, &case.body).unwrap();
             assert_eq!(
                 r.steps.len(),
                 tollgate_core::mutate::Step::ALL.len(),
@@ -176,7 +196,18 @@ fn bench_review(c: &mut Criterion) {
                 r.steps
             );
         }
-        group.bench_function(&case.name, |b| b.iter(|| review_once(&policy, &case)));
+        // The DRA fixture must be read through its claim template, as the server would.
+        if case.name.starts_with("dra-trainer.mutate") {
+            let r = review_bytes_with(case.endpoint, &policy, &cluster, &case.body).unwrap();
+            assert!(
+                r.steps.contains(&tollgate_core::mutate::Step::Tolerations),
+                "dra-trainer gets its GPU toleration through the template: {:?}",
+                r.steps
+            );
+        }
+        group.bench_function(&case.name, |b| {
+            b.iter(|| review_once(&policy, &cluster, &case))
+        });
     }
     group.finish();
 }
@@ -194,6 +225,7 @@ fn plain_loop(spec: &str) {
     let (name, n) = spec.split_once(':').unwrap_or((spec, "1000"));
     let n: u64 = n.parse().expect("TOLLGATE_BENCH_LOOP=NAME:COUNT");
     let policy = policy();
+    let cluster = context();
     let all = cases();
     let case = all.iter().find(|c| c.name == name).unwrap_or_else(|| {
         let names: Vec<&str> = all.iter().map(|c| c.name.as_str()).collect();
@@ -201,7 +233,7 @@ fn plain_loop(spec: &str) {
     });
     let mut bytes = 0usize;
     for _ in 0..n {
-        bytes += black_box(review_once(&policy, case)).len();
+        bytes += black_box(review_once(&policy, &cluster, case)).len();
     }
     println!("{name}: {n} reviews, {bytes} response bytes");
 }
