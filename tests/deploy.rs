@@ -172,6 +172,8 @@ fn base_renders_everything_an_install_needs() {
     assert_eq!(
         kinds(docs),
         [
+            "ClusterRole/\"tollgate-cluster-context\"",
+            "ClusterRoleBinding/\"tollgate-cluster-context\"",
             "ConfigMap/\"tollgate-policy\"",
             "Deployment/\"tollgate\"",
             "MutatingWebhookConfiguration/\"tollgate\"",
@@ -186,7 +188,11 @@ fn base_renders_everything_an_install_needs() {
         let kind = doc["kind"].as_str().unwrap();
         let namespaced = !matches!(
             kind,
-            "Namespace" | "MutatingWebhookConfiguration" | "ValidatingWebhookConfiguration"
+            "Namespace"
+                | "MutatingWebhookConfiguration"
+                | "ValidatingWebhookConfiguration"
+                | "ClusterRole"
+                | "ClusterRoleBinding"
         );
         if namespaced {
             assert_eq!(doc["metadata"]["namespace"], NAMESPACE, "{kind}");
@@ -682,4 +688,61 @@ async fn register_dry_run_matches_the_base_webhooks() {
             "`tollgate register` and deploy/base disagree on the {kind}"
         );
     }
+}
+
+/// The cluster context reads claims, claim templates and namespaces, and nothing else;
+/// its token is mounted where in-cluster clients look for it, and nowhere by default.
+#[test]
+fn cluster_context_rbac_is_read_only_and_exact() {
+    if !kubectl_available() {
+        return;
+    }
+    let docs = base();
+    let role = find(docs, "ClusterRole", "tollgate-cluster-context");
+    let mut grants: Vec<String> = vec![];
+    for rule in role["rules"].as_array().unwrap() {
+        let verbs: Vec<&str> = rule["verbs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(verbs, ["get", "list", "watch"], "{rule}");
+        for g in rule["apiGroups"].as_array().unwrap() {
+            for r in rule["resources"].as_array().unwrap() {
+                grants.push(format!("{}/{}", g.as_str().unwrap(), r.as_str().unwrap()));
+            }
+        }
+    }
+    grants.sort();
+    assert_eq!(
+        grants,
+        [
+            "/namespaces",
+            "resource.k8s.io/resourceclaims",
+            "resource.k8s.io/resourceclaimtemplates"
+        ]
+    );
+    let binding = find(docs, "ClusterRoleBinding", "tollgate-cluster-context");
+    assert_eq!(binding["roleRef"]["name"], "tollgate-cluster-context");
+    assert_eq!(binding["subjects"][0]["kind"], "ServiceAccount");
+    assert_eq!(binding["subjects"][0]["name"], "tollgate");
+    assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
+
+    let c = container(docs);
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount")
+        .expect("the token is mounted where in-cluster clients read it");
+    let volume = pod_spec(docs)["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    let sources = volume["projected"]["sources"].as_array().unwrap();
+    assert!(sources.iter().any(|s| s["serviceAccountToken"]["path"] == "token"));
+    assert!(sources.iter().any(|s| s["configMap"]["name"] == "kube-root-ca.crt"));
 }
