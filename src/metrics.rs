@@ -11,6 +11,7 @@ use prometheus_client::registry::Registry;
 
 use tollgate_core::mutate::Step;
 use tollgate_core::optout::OptOut;
+use tollgate_core::policy::BASE_PROFILE;
 use tollgate_core::review::{Endpoint, Result as ReviewResult, Reviewed};
 use tollgate_core::validate::Verdict;
 
@@ -54,10 +55,19 @@ pub struct HashLabels {
     pub hash: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProfileLabels {
+    pub endpoint: &'static str,
+    /// A profile of the policy file, or "base": as many values as the file has profiles.
+    pub profile: String,
+}
+
 /// Every metric tollgate exports. Cheap to update: atomics behind a lock-free map lookup.
 pub struct Metrics {
     pub registry: Registry,
     pub reviews: Family<ReviewLabels, Counter>,
+    /// Reviews answered, by the policy profile the object got.
+    pub profile_reviews: Family<ProfileLabels, Counter>,
     pub duration: Family<EndpointLabels, Histogram>,
     pub steps: Family<StepLabels, Counter>,
     pub denials: Family<ReasonLabels, Counter>,
@@ -91,6 +101,7 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("tollgate");
         let reviews = Family::<ReviewLabels, Counter>::default();
+        let profile_reviews = Family::<ProfileLabels, Counter>::default();
         let duration =
             Family::<EndpointLabels, Histogram>::new_with_constructor(|| Histogram::new(BUCKETS));
         let steps = Family::<StepLabels, Counter>::default();
@@ -107,6 +118,11 @@ impl Metrics {
             "reviews",
             "Admission reviews answered, by endpoint, operation and result (allowed, patched, denied, error)",
             reviews.clone(),
+        );
+        registry.register(
+            "profile_reviews",
+            "Admission reviews answered, by endpoint and the policy profile applied (base: none)",
+            profile_reviews.clone(),
         );
         registry.register(
             "review_duration_seconds",
@@ -162,6 +178,7 @@ impl Metrics {
         let metrics = Metrics {
             registry,
             reviews,
+            profile_reviews,
             duration,
             steps,
             denials,
@@ -244,6 +261,12 @@ impl Metrics {
         self.duration
             .get_or_create(&EndpointLabels { endpoint })
             .observe(seconds);
+        self.profile_reviews
+            .get_or_create(&ProfileLabels {
+                endpoint,
+                profile: r.profile.as_deref().unwrap_or(BASE_PROFILE).to_owned(),
+            })
+            .inc();
         for s in &r.steps {
             self.steps
                 .get_or_create(&StepLabels { step: s.as_str() })
@@ -277,6 +300,21 @@ impl Metrics {
         self.duration
             .get_or_create(&EndpointLabels { endpoint })
             .observe(seconds);
+    }
+
+    /// The profiles of the policy in force, at zero: the label's values are the file's
+    /// profile names and "base", and nothing of an earlier policy lingers.
+    pub fn set_profiles<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        self.profile_reviews.clear();
+        let names: Vec<&str> = std::iter::once(BASE_PROFILE).chain(names).collect();
+        for endpoint in [Endpoint::Mutate.as_str(), Endpoint::Validate.as_str()] {
+            for profile in &names {
+                let _ = self.profile_reviews.get_or_create(&ProfileLabels {
+                    endpoint,
+                    profile: (*profile).to_owned(),
+                });
+            }
+        }
     }
 
     pub fn set_policy_hash(&self, hash: &str) {

@@ -356,7 +356,7 @@ fn policies() -> Vec<(&'static str, Policy)> {
 /// The mutation steps as a review runs them on a pod of namespace `ml`, in [`context`].
 fn mutate(policy: &Policy, pod: &mut Pod) -> Outcome {
     let gpus = Gpus::of(policy, pod, "ml", context());
-    tollgate_core::mutate::mutate(policy, pod, &gpus)
+    tollgate_core::mutate::mutate(policy, pod, &gpus, None)
 }
 
 fn is_training_pod(policy: &Policy, pod: &Pod) -> bool {

@@ -42,7 +42,7 @@ fuzz_target!(|data: &[u8]| {
     let gpus = tollgate_core::gpu::Gpus::of(&policy, &before, "ml", &offline);
     let training = tollgate_core::mutate::is_training_pod(&policy, &before, &gpus);
     let mut pod = before.clone();
-    let first = tollgate_core::mutate::mutate(&policy, &mut pod, &gpus);
+    let first = tollgate_core::mutate::mutate(&policy, &mut pod, &gpus, None);
     if !training {
         // mutate() itself does not look at selection; it must still behave.
     }
@@ -62,7 +62,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let mut again: Pod = serde_json::from_value(after_json.clone()).unwrap();
     let gpus = tollgate_core::gpu::Gpus::of(&policy, &again, "ml", &offline);
-    let second = tollgate_core::mutate::mutate(&policy, &mut again, &gpus);
+    let second = tollgate_core::mutate::mutate(&policy, &mut again, &gpus, None);
     assert!(
         second.applied.is_empty(),
         "second pass applied {:?}\n{before_json}",

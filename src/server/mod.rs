@@ -119,6 +119,7 @@ impl AppState {
     ) -> Arc<AppState> {
         let metrics = Metrics::new();
         metrics.set_policy_hash(&policy.hash);
+        metrics.set_profiles(policy.policy.profiles.iter().map(|p| p.name.as_str()));
         Arc::new(AppState {
             policy: ArcSwap::from_pointee(policy),
             cluster,

@@ -185,6 +185,9 @@ fn poll_policy(path: &Path, watch: &mut PolicyWatch, state: &AppState) {
             info!(policy = %p.hash, previous = %state.policy.load().hash,
                 path = %path.display(), "policy reloaded");
             state.metrics.set_policy_hash(&p.hash);
+            state
+                .metrics
+                .set_profiles(p.policy.profiles.iter().map(|p| p.name.as_str()));
             state.policy.store(p);
             state
                 .metrics

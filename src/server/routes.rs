@@ -18,7 +18,7 @@ use super::{AppState, Limits};
 use crate::metrics::Metrics;
 use tollgate_core::cluster::Layered;
 use tollgate_core::optout::OptOut;
-use tollgate_core::policy::Policy;
+use tollgate_core::policy::{Policy, BASE_PROFILE};
 use tollgate_core::review::{review_bytes_with, Endpoint, ReviewError, Reviewed};
 
 /// The webhook's routes. Used by the TLS server and, without a socket, by tests.
@@ -276,6 +276,7 @@ fn log_review(r: &Reviewed, elapsed: Duration, policy_hash: &str) {
         decision = %r.result.as_str(),
         verdict = r.verdict.map(|v| tracing::field::display(v.as_str())),
         steps = %steps,
+        profile = %r.profile.as_deref().unwrap_or(BASE_PROFILE),
         duration_us = elapsed.as_micros() as u64,
         policy = %policy_hash,
         "review"

@@ -11,7 +11,7 @@
 //! 1. `glob`, `quantity`, `requester`, `diff`, `cluster`: leaves.
 //! 2. `policy`: the policy's types and loading from text.
 //! 3. `pod`: read helpers over a typed Pod.
-//! 4. `gpu`, `optout`, `check`, `parse`.
+//! 4. `gpu`, `optout`, `check`, `parse`, `profile`.
 //! 5. `mutate` (one module per step), `validate`.
 //! 6. `review`: an AdmissionReview in, an AdmissionReview out.
 #![forbid(unsafe_code)]
@@ -26,6 +26,7 @@ pub mod optout;
 pub mod parse;
 pub mod pod;
 pub mod policy;
+pub mod profile;
 pub mod quantity;
 pub mod requester;
 pub mod review;

@@ -30,7 +30,7 @@ pub enum Shape {
     /// Everything but `metadata.managedFields` (and `oldObject`): what mutation needs to
     /// compute a patch over the spec.
     Full,
-    /// Of the metadata, the name, generateName, namespace and annotations; of the spec, the
+    /// Of the metadata, the name, generateName, namespace, labels and annotations; of the spec, the
     /// containers' names, requests, limits and restart policies and the pod-level
     /// resources: what validation and the opt-out read. Everything else stays at its
     /// default.
@@ -220,12 +220,14 @@ impl From<Meta> for ObjectMeta {
     }
 }
 
-/// What validation reads of ObjectMeta: the opt-out annotation and the name it shows.
+/// What validation reads of ObjectMeta: the opt-out annotation, the name it shows, and the
+/// labels policy profiles match on.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ValidationMeta {
     annotations: Option<BTreeMap<String, String>>,
     generate_name: Option<String>,
+    labels: Option<BTreeMap<String, String>>,
     name: Option<String>,
     namespace: Option<String>,
 }
@@ -235,6 +237,7 @@ impl From<ValidationMeta> for ObjectMeta {
         ObjectMeta {
             annotations: m.annotations,
             generate_name: m.generate_name,
+            labels: m.labels,
             name: m.name,
             namespace: m.namespace,
             ..Default::default()
@@ -341,6 +344,7 @@ mod tests {
                 "{name}"
             );
             assert_eq!(got.metadata.name, want.metadata.name, "{name}");
+            assert_eq!(got.metadata.labels, want.metadata.labels, "{name}");
             assert_eq!(got.metadata.generate_name, want.metadata.generate_name);
             let (ws, gs) = (want.spec.unwrap(), got.spec.unwrap());
             assert_eq!(gs.resources, ws.resources, "{name}");

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -35,6 +36,46 @@ pub enum PolicyError {
 }
 
 impl PolicyError {
+    /// The same error with `profiles[N]` in its field written `profiles[NAME]` when the
+    /// profile has a name: what a reader looks for in the file.
+    fn named(self, written: &Value) -> PolicyError {
+        let PolicyError::Field {
+            file,
+            field,
+            message,
+        } = self
+        else {
+            return self;
+        };
+        let renamed = field.strip_prefix("profiles[").and_then(|rest| {
+            let (index, tail) = rest.split_once(']')?;
+            let i: usize = index.parse().ok()?;
+            let name = written.pointer(&format!("/profiles/{i}/name"))?.as_str()?;
+            Some(format!("profiles[{name}]{tail}"))
+        });
+        PolicyError::Field {
+            file,
+            field: renamed.unwrap_or(field),
+            message,
+        }
+    }
+
+    /// The same error, for a field inside `at` (a profile).
+    fn within(self, at: &str) -> PolicyError {
+        match self {
+            PolicyError::Field {
+                file,
+                field,
+                message,
+            } => PolicyError::Field {
+                file,
+                field: format!("{at}.{field}"),
+                message,
+            },
+            other => other,
+        }
+    }
+
     fn field(source: &str, field: impl Into<String>, message: impl Into<String>) -> Self {
         PolicyError::Field {
             file: source.to_owned(),
@@ -55,7 +96,63 @@ pub struct Policy {
     pub opt_out: OptOut,
     pub mutation: Mutation,
     pub validation: Validation,
+    /// Named profiles, in order: the first whose `match` fits a pod is applied over the
+    /// rest of the policy for that pod (see [`Profile`]).
+    pub profiles: Vec<Profile>,
 }
+
+/// A part of the policy that applies "here, differently": for the pods its `match` fits,
+/// the policy is this profile's sections merged over the base policy (every field of it,
+/// defaults included). The merge rule: a map merges key by key, anything else (a list, a
+/// string, a number, a boolean) replaces, and `null` puts the built-in default back.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Profile {
+    /// Named in logs, metrics, the applied annotation and `tollgate review`.
+    pub name: String,
+    /// Which pods the profile is for. Every criterion given must hold.
+    #[serde(rename = "match", default)]
+    pub matches: ProfileMatch,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selection: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opt_out: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mutation: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<Value>,
+    /// The whole policy for the pods this profile fits, merged and checked at load.
+    #[serde(skip)]
+    pub resolved: Option<Box<Policy>>,
+}
+
+impl Profile {
+    /// The policy for the pods this profile fits (resolved when the policy was loaded).
+    pub fn policy(&self) -> Option<&Policy> {
+        self.resolved.as_deref()
+    }
+}
+
+/// Which pods a profile is for: namespaces by name or glob, namespace labels and pod labels
+/// (label selectors as Kubernetes writes them). An absent criterion holds for every pod.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ProfileMatch {
+    /// Namespace names or globs (`*`, `?`); the profile fits a pod in any of them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<Glob>,
+    /// The labels of the pod's namespace, from the cluster context.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// The pod's labels.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
+}
+
+/// The name the metrics, logs and annotations give the policy without a profile.
+pub const BASE_PROFILE: &str = "base";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -490,36 +587,86 @@ impl Policy {
             Value::Null => Value::Object(Default::default()),
             v => v,
         };
-        let policy: Policy = serde_path_to_error::deserialize(&value).map_err(|e| {
+        let mut policy = Policy::from_value(source, &value).map_err(|e| e.named(&value))?;
+        policy.resolve_profiles(source, &value)?;
+        Ok(policy)
+    }
+
+    /// A policy from its JSON form, checked; profiles as written, not yet resolved.
+    fn from_value(source: &str, value: &Value) -> Result<Policy, PolicyError> {
+        let policy: Policy = serde_path_to_error::deserialize(value).map_err(|e| {
             let field = e.path().to_string();
             PolicyError::field(source, field, e.into_inner().to_string())
         })?;
-        if let Some(container) = value.pointer("/mutation/metricsSidecar/container") {
-            check_no_unknown_fields::<Container>(
-                source,
-                "mutation.metricsSidecar.container",
-                container,
-            )?;
-        }
-        for (class, c) in value
-            .pointer("/gpu/classes")
-            .and_then(Value::as_object)
-            .into_iter()
-            .flatten()
-        {
-            for (i, t) in c
-                .get("tolerations")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .enumerate()
-            {
-                let field = format!("gpu.classes.{class}.tolerations[{i}]");
-                check_no_unknown_fields::<Toleration>(source, &field, t)?;
-            }
-        }
+        check_written(source, value)?;
         policy.check(source)?;
         Ok(policy)
+    }
+
+    /// Merges each profile over the base and checks the result, so that a profile that
+    /// makes anything invalid refuses the whole policy at load, never a review.
+    fn resolve_profiles(&mut self, source: &str, written: &Value) -> Result<(), PolicyError> {
+        if self.profiles.is_empty() {
+            return Ok(());
+        }
+        let mut base = self.clone();
+        base.profiles.clear();
+        // Every field, defaults included: a profile's map merges into what is in force,
+        // not into what the file happened to write.
+        let base = serde_json::to_value(&base)
+            .map_err(|e| PolicyError::field(source, "profiles", format!("cannot merge: {e}")))?;
+        let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, p) in self.profiles.iter().enumerate() {
+            let here = format!("profiles[{i}]");
+            if let Err(m) = check_dns_label(&p.name) {
+                return Err(PolicyError::field(source, format!("{here}.name"), m));
+            }
+            if p.name == BASE_PROFILE {
+                return Err(PolicyError::field(
+                    source,
+                    format!("{here}.name"),
+                    format!(
+                        "{BASE_PROFILE:?} names the policy without a profile; choose another name"
+                    ),
+                ));
+            }
+            if let Some(j) = names.insert(&p.name, i) {
+                return Err(PolicyError::field(
+                    source,
+                    format!("{here}.name"),
+                    format!(
+                        "profile {:?} is also profiles[{j}]: names must be unique",
+                        p.name
+                    ),
+                ));
+            }
+            let at = format!("profiles[{}]", p.name);
+            let written_match = written.pointer(&format!("/profiles/{i}/match"));
+            check_match(source, &at, &p.matches, written_match)?;
+        }
+        for (i, p) in self.profiles.iter_mut().enumerate() {
+            let at = format!("profiles[{}]", p.name);
+            let mut merged = base.clone();
+            if let Some(Value::Object(sections)) = written.pointer(&format!("/profiles/{i}")) {
+                for (key, overrides) in sections {
+                    if key != "name" && key != "match" {
+                        merge_field(&mut merged, key, overrides);
+                    }
+                }
+            }
+            let resolved = Policy::from_value(source, &merged).map_err(|e| e.within(&at))?;
+            p.resolved = Some(Box::new(resolved));
+        }
+        Ok(())
+    }
+
+    /// The first profile that matches on namespace labels, which only a cluster context
+    /// (or `tollgate review`'s input) knows.
+    pub fn needs_namespace_labels(&self) -> Option<&str> {
+        self.profiles
+            .iter()
+            .find(|p| p.matches.namespace_selector.is_some())
+            .map(|p| p.name.as_str())
     }
 
     /// Semantic checks serde cannot express.
@@ -826,6 +973,149 @@ fn first_unknown(written: &Value, kept: &Value, path: String) -> Option<String> 
     }
 }
 
+/// Checks of the policy as written that its typed form cannot make: k8s-openapi's types
+/// (the sidecar's Container, the classes' tolerations) ignore unknown fields.
+fn check_written(source: &str, value: &Value) -> Result<(), PolicyError> {
+    if let Some(container) = value.pointer("/mutation/metricsSidecar/container") {
+        check_no_unknown_fields::<Container>(
+            source,
+            "mutation.metricsSidecar.container",
+            container,
+        )?;
+    }
+    for (class, c) in value
+        .pointer("/gpu/classes")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        for (i, t) in c
+            .get("tolerations")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let field = format!("gpu.classes.{class}.tolerations[{i}]");
+            check_no_unknown_fields::<Toleration>(source, &field, t)?;
+        }
+    }
+    Ok(())
+}
+
+/// RFC 7386 merge of `overrides` into the field `key` of `doc`: a map merges key by key,
+/// anything else replaces, and `null` removes the field (its default comes back).
+fn merge_field(doc: &mut Value, key: &str, overrides: &Value) {
+    let Value::Object(map) = doc else {
+        return;
+    };
+    match overrides {
+        Value::Null => {
+            map.remove(key);
+        }
+        Value::Object(o) => {
+            let slot = map
+                .entry(key.to_owned())
+                .or_insert_with(|| Value::Object(Default::default()));
+            if !slot.is_object() {
+                *slot = Value::Object(Default::default());
+            }
+            for (k, v) in o {
+                merge_field(slot, k, v);
+            }
+        }
+        other => {
+            map.insert(key.to_owned(), other.clone());
+        }
+    }
+}
+
+/// A profile's `match`: label selectors as the apiserver would accept them, no unknown
+/// fields (k8s-openapi's LabelSelector ignores them), and globs that are not empty.
+fn check_match(
+    source: &str,
+    at: &str,
+    m: &ProfileMatch,
+    written: Option<&Value>,
+) -> Result<(), PolicyError> {
+    let err = |field: String, msg: String| Err(PolicyError::field(source, field, msg));
+    for (i, g) in m.namespaces.iter().enumerate() {
+        if g.as_str().is_empty() {
+            return err(
+                format!("{at}.match.namespaces[{i}]"),
+                "empty pattern".into(),
+            );
+        }
+    }
+    for (name, selector) in [
+        ("namespaceSelector", &m.namespace_selector),
+        ("podSelector", &m.pod_selector),
+    ] {
+        let Some(selector) = selector else { continue };
+        let field = format!("{at}.match.{name}");
+        if let Some(w) = written.and_then(|w| w.get(name)) {
+            check_no_unknown_fields::<LabelSelector>(source, &field, w)?;
+        }
+        for (k, v) in selector.match_labels.iter().flatten() {
+            if let Err(msg) = check_qualified_name(k) {
+                return err(format!("{field}.matchLabels.{k}"), msg);
+            }
+            if let Err(msg) = check_label_value(v) {
+                return err(format!("{field}.matchLabels.{k}"), msg);
+            }
+        }
+        for (i, r) in selector.match_expressions.iter().flatten().enumerate() {
+            let f = format!("{field}.matchExpressions[{i}]");
+            if let Err(msg) = check_qualified_name(&r.key) {
+                return err(format!("{f}.key"), msg);
+            }
+            let values = r.values.as_deref().unwrap_or_default();
+            match r.operator.as_str() {
+                "In" | "NotIn" if values.is_empty() => {
+                    return err(
+                        format!("{f}.values"),
+                        format!("operator {} needs at least one value", r.operator),
+                    )
+                }
+                "Exists" | "DoesNotExist" if !values.is_empty() => {
+                    return err(
+                        format!("{f}.values"),
+                        format!("operator {} takes no values", r.operator),
+                    )
+                }
+                "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+                other => {
+                    return err(
+                        format!("{f}.operator"),
+                        format!("{other:?} is not an operator (In, NotIn, Exists, DoesNotExist)"),
+                    )
+                }
+            }
+            for v in values {
+                if let Err(msg) = check_label_value(v) {
+                    return err(format!("{f}.values"), msg);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A label value: at most 63 characters, alphanumerics with `-`, `_`, `.` inside.
+fn check_label_value(v: &str) -> Result<(), String> {
+    let ok = v.is_empty()
+        || (v.len() <= 63
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && v.as_bytes()[0].is_ascii_alphanumeric()
+            && v.as_bytes()[v.len() - 1].is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{v:?} is not a valid label value"))
+    }
+}
+
 /// Default limits: only for cpu, memory and ephemeral-storage, and above zero.
 fn check_defaults(
     source: &str,
@@ -1058,6 +1348,94 @@ mod tests {
             let e = Policy::from_text("p.yaml", text).unwrap_err().to_string();
             assert!(e.contains(&format!("field `{field}`")), "{text}: {e}");
             assert!(e.contains(replacement), "{text}: {e}");
+        }
+    }
+
+    fn profile(text: &str) -> Policy {
+        let p = Policy::from_text("p.yaml", text).unwrap();
+        p.profiles[0].policy().unwrap().clone()
+    }
+
+    /// A map merges key by key: what the profile does not name stays the base's.
+    #[test]
+    fn profile_maps_merge_key_by_key() {
+        let p = profile(
+            "mutation:\n  defaultResources:\n    limits: {cpu: \"4\", memory: 8Gi}\nprofiles:\n  - name: a\n    mutation:\n      defaultResources:\n        limits: {cpu: \"8\"}\n        perGpu: {memory: 64Gi}\n      metricsSidecar:\n        container: {image: other:1}\n",
+        );
+        let dr = &p.mutation.default_resources;
+        assert_eq!(dr.limits["cpu"].0, "8", "the profile's value");
+        assert_eq!(
+            dr.limits["memory"].0, "8Gi",
+            "the base's value the profile did not name"
+        );
+        assert_eq!(dr.per_gpu["memory"].0, "64Gi");
+        let sidecar = &p.mutation.metrics_sidecar.container;
+        assert_eq!(sidecar.image.as_deref(), Some("other:1"));
+        assert_eq!(
+            sidecar.name, "tollgate-metrics",
+            "the rest of the template stays"
+        );
+        assert_eq!(p.gpu.classes.len(), 4, "untouched sections are the base's");
+    }
+
+    /// A list replaces: the profile's list is the whole list.
+    #[test]
+    fn profile_lists_replace() {
+        let p = profile(
+            "optOut:\n  groups: [a, b]\nprofiles:\n  - name: a\n    optOut:\n      groups: [c]\n    validation:\n      requiredRequests: [cpu]\n",
+        );
+        assert_eq!(p.opt_out.groups, vec![Glob::from("c")]);
+        assert_eq!(p.validation.required_requests, vec!["cpu".to_owned()]);
+    }
+
+    /// Scalars replace; null puts the built-in default back.
+    #[test]
+    fn profile_scalars_replace_and_null_restores_the_default() {
+        let p = profile(
+            "validation:\n  mode: warn\n  requiredRequests: [cpu]\nprofiles:\n  - name: a\n    validation:\n      mode: enforce\n      requiredRequests: null\n",
+        );
+        assert_eq!(p.validation.mode, Mode::Enforce);
+        assert_eq!(p.validation.required_requests, ["cpu", "memory"]);
+    }
+
+    #[test]
+    fn broken_profiles_are_refused_naming_file_profile_and_field() {
+        for (text, field) in [
+            (
+                "profiles:\n  - name: team-a\n    mutatoin: {}\n",
+                "profiles[team-a]",
+            ),
+            (
+                "profiles:\n  - name: team-a\n    validation:\n      modes: warn\n",
+                "profiles[team-a].validation.modes",
+            ),
+            (
+                "profiles:\n  - name: team-a\n    mutation:\n      defaultResources:\n        perGpu: {cpu: \"0\"}\n",
+                "profiles[team-a].mutation.defaultResources.perGpu.cpu",
+            ),
+            (
+                "profiles:\n  - name: team-a\n    match:\n      podSelector:\n        matchExpressions: [{key: team, operator: Is, values: [a]}]\n",
+                "profiles[team-a].match.podSelector.matchExpressions[0].operator",
+            ),
+            (
+                "profiles:\n  - name: team-a\n    match:\n      namespaceSelector:\n        matchLabel: {team: a}\n",
+                "profiles[team-a].match.namespaceSelector.matchLabel",
+            ),
+            (
+                "profiles:\n  - name: team-a\n  - name: team-a\n",
+                "profiles[1].name",
+            ),
+            ("profiles:\n  - name: base\n", "profiles[0].name"),
+            (
+                "profiles:\n  - name: team-a\n    mutation:\n      metricsSidecar:\n        container: {imagePullPolicyy: Always}\n",
+                "profiles[team-a].mutation.metricsSidecar.container.imagePullPolicyy",
+            ),
+        ] {
+            let e = Policy::from_text("p.yaml", text).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("p.yaml: field `{field}")),
+                "{text}: {e}"
+            );
         }
     }
 

@@ -17,7 +17,7 @@ use crate::optout::{self, OptOut};
 use crate::policy::{Operation, Policy};
 use crate::requester::Requester;
 use crate::validate::{self, Verdict};
-use crate::{diff, parse};
+use crate::{diff, parse, profile};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -89,6 +89,8 @@ pub struct Reviewed {
     /// Objects the review needed and the cluster context did not know (a claim created a
     /// moment ago): the shell may fetch them and review again.
     pub unresolved: Vec<ObjectKey>,
+    /// The policy profile the pod got; None for the base policy.
+    pub profile: Option<String>,
 }
 
 impl Reviewed {
@@ -363,6 +365,7 @@ fn skeleton<T: kube_core::Resource>(
         verdict: None,
         opt_out: None,
         unresolved: vec![],
+        profile: None,
     }
 }
 
@@ -410,9 +413,20 @@ pub fn review_request(
         username,
         groups,
     };
+    let selected = profile::select(policy, namespace, pod.metadata.labels.as_ref(), cluster);
+    let policy = selected.policy;
+    reviewed.profile = selected.profile.map(str::to_owned);
+    reviewed.unresolved.extend(selected.unresolved);
     match endpoint {
         Endpoint::Mutate => mutate_pod(policy, cluster, pod, operation, &who, &mut reviewed),
         Endpoint::Validate => validate_pod(policy, &pod, operation, &who, &mut reviewed),
+    }
+    if let Some(w) = selected.warning {
+        reviewed
+            .response
+            .warnings
+            .get_or_insert_with(Vec::new)
+            .insert(0, w);
     }
     reviewed
 }
@@ -445,10 +459,10 @@ fn mutate_pod(
     out.opt_out = Some(opt_out);
     let gpus = Gpus::of(policy, &pod, who.namespace, cluster);
     warnings.extend(gpus.warnings.iter().cloned());
-    out.unresolved.clone_from(&gpus.unresolved);
+    out.unresolved.extend(gpus.unresolved.iter().cloned());
     if mutate::is_training_pod(policy, &pod, &gpus) {
         let before = diff::Snapshot::of(&pod);
-        let outcome = mutate::mutate(policy, &mut pod, &gpus);
+        let outcome = mutate::mutate(policy, &mut pod, &gpus, out.profile.as_deref());
         let patch = before.and_then(|b| diff::patch_text(&b, &diff::Snapshot::of(&pod)?));
         warnings.extend(outcome.warnings);
         out.steps = outcome.applied;
@@ -523,7 +537,7 @@ mod tests {
             assert!(pod.metadata.managed_fields.is_some());
             let mut mutated = pod.clone();
             let gpus = Gpus::of(&policy, &pod, "", &Offline);
-            mutate::mutate(&policy, &mut mutated, &gpus);
+            mutate::mutate(&policy, &mut mutated, &gpus, None);
             let expected = json_patch::diff(
                 &serde_json::to_value(&pod).unwrap(),
                 &serde_json::to_value(&mutated).unwrap(),

@@ -69,7 +69,10 @@ pub fn is_training_pod(policy: &Policy, pod: &Pod, gpus: &Gpus<'_>) -> bool {
 
 /// Applies every enabled step to a training pod with these GPUs (read before the steps, by
 /// [`Gpus::of`]). The caller decides whether the pod is one and whether it opted out.
-pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>) -> Outcome {
+///
+/// `profile` is the policy profile that chose `policy` (None: the base), recorded in the
+/// applied annotation with the steps.
+pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>, profile: Option<&str>) -> Outcome {
     let m = &policy.mutation;
     let mut out = Outcome::default();
     // The sidecar goes in before defaults so that it is covered by them like any container.
@@ -101,7 +104,7 @@ pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>) -> Outcome {
         }
     }
     let classes: Vec<&str> = gpus.classes.iter().map(|c| c.name).collect();
-    record_applied(policy, pod, &out.applied, &classes);
+    record_applied(policy, pod, &out.applied, &classes, profile);
     out
 }
 
@@ -119,21 +122,25 @@ pub(crate) fn alone(
     apply(policy, &gpus, pod, warnings)
 }
 
-/// One item of the applied annotation: a step, or the GPU class it recognised
-/// (`gpu=nvidia`). Steps come first, in their order, then the classes by name.
+/// One item of the applied annotation: a step, the GPU class it recognised
+/// (`gpu=nvidia`), or the profile of the policy it applied (`profile=team-a`). Steps come
+/// first, in their order, then the classes by name, then the profile.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Applied {
     Step(Step),
     Gpu(String),
+    Profile(String),
 }
 
 impl Applied {
     fn parse(s: &str) -> Option<Applied> {
-        match s.strip_prefix("gpu=") {
-            Some(class) if !class.is_empty() => Some(Applied::Gpu(class.to_owned())),
-            Some(_) => None,
-            None => Step::from_str(s).map(Applied::Step),
+        if let Some(class) = s.strip_prefix("gpu=") {
+            return (!class.is_empty()).then(|| Applied::Gpu(class.to_owned()));
         }
+        if let Some(profile) = s.strip_prefix("profile=") {
+            return (!profile.is_empty()).then(|| Applied::Profile(profile.to_owned()));
+        }
+        Step::from_str(s).map(Applied::Step)
     }
 
     fn write(&self, out: &mut String) {
@@ -143,14 +150,24 @@ impl Applied {
                 out.push_str("gpu=");
                 out.push_str(c);
             }
+            Applied::Profile(p) => {
+                out.push_str("profile=");
+                out.push_str(p);
+            }
         }
     }
 }
 
-/// Records the steps applied to this pod and the GPU classes they served, across passes:
-/// the union of what the annotation already says and what this pass did, so that a second
-/// pass leaves it unchanged. A pass that applied nothing records nothing.
-fn record_applied(policy: &Policy, pod: &mut Pod, applied: &[Step], classes: &[&str]) {
+/// Records the steps applied to this pod, the GPU classes they served and the profile,
+/// across passes: the union of what the annotation already says and what this pass did, so
+/// that a second pass leaves it unchanged. A pass that applied nothing records nothing.
+fn record_applied(
+    policy: &Policy,
+    pod: &mut Pod,
+    applied: &[Step],
+    classes: &[&str],
+    profile: Option<&str>,
+) {
     let key = &policy.mutation.applied_annotation;
     let annotations = pod
         .metadata
@@ -164,12 +181,12 @@ fn record_applied(policy: &Policy, pod: &mut Pod, applied: &[Step], classes: &[&
                 .collect()
         })
         .unwrap_or_default();
-    let new = applied.iter().map(|s| Applied::Step(*s)).chain(
-        classes
-            .iter()
-            .filter(|_| !applied.is_empty())
-            .map(|c| Applied::Gpu((*c).to_owned())),
-    );
+    let context = classes
+        .iter()
+        .map(|c| Applied::Gpu((*c).to_owned()))
+        .chain(profile.map(|p| Applied::Profile(p.to_owned())))
+        .filter(|_| !applied.is_empty());
+    let new = applied.iter().map(|s| Applied::Step(*s)).chain(context);
     let before = items.len();
     for item in new {
         if !items.contains(&item) {
