@@ -10,9 +10,9 @@
 //! What it is: HTTPS (rustls, a throwaway CA) on 127.0.0.1, the resource paths of the
 //! resources a test registers, objects as JSON in one store with one global, strictly
 //! increasing resourceVersion (etcd's revision), paged lists from consistent snapshots,
-//! watches from a bounded history with bookmarks and 410s, create, update, patch and
-//! delete with the real status codes and `Status` bodies. What it knowingly leaves out is
-//! listed in `KNOWN_GAPS`.
+//! watches from a bounded history with bookmarks and 410s (and `sendInitialEvents`, kube's
+//! streaming lists), create, update, patch and delete with the real status codes and
+//! `Status` bodies. What it knowingly leaves out is listed in `KNOWN_GAPS`.
 //!
 //! Include it with `#[path = "support/apiserver.rs"] mod apiserver;`.
 #![allow(dead_code)]
@@ -54,6 +54,8 @@ pub const KNOWN_GAPS: &[&str] = &[
     "continue tokens expire when their snapshot falls out of the retained window, not only at compaction",
     "bookmarks come at a fixed interval instead of about once a minute",
     "no field managers (managedFields), no ownerReference garbage collection",
+    "no RBAC: one bearer token may do everything; 403s come only from injected faults",
+    "no deprecated /api/v1/watch/... paths; messages of selector parse errors are close to, not the same as, the real ones",
 ];
 
 // ---------------------------------------------------------------------------------------
