@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::glob::Glob;
 use crate::quantity;
+use crate::template_path;
 
 /// The shipped policy, `policies/default.yaml`, compiled in: what `serve` and `review` run
 /// without `--policy`, so that the binary (and a container image) needs no file to start.
@@ -96,6 +97,8 @@ pub struct Policy {
     pub opt_out: OptOut,
     pub mutation: Mutation,
     pub validation: Validation,
+    /// The workloads whose pod templates are judged before their pods exist.
+    pub workloads: Workloads,
     /// Named profiles, in order: the first whose `match` fits a pod is applied over the
     /// rest of the policy for that pod (see [`Profile`]).
     pub profiles: Vec<Profile>,
@@ -123,6 +126,8 @@ pub struct Profile {
     pub mutation: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validation: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workloads: Option<Value>,
     /// The whole policy for the pods this profile fits, merged and checked at load.
     #[serde(skip)]
     pub resolved: Option<Box<Policy>>,
@@ -320,6 +325,15 @@ pub struct OptOut {
     pub users: Vec<Glob>,
     /// Requesting groups (globs) whose opt-out is honoured. With `users`, empty means anyone.
     pub groups: Vec<Glob>,
+    /// The controllers' service accounts (globs over the requesting user): an object they
+    /// request was made from a template of a workload, so its opt-out was judged there. It
+    /// is honoured only when the template carried tollgate's approval, `users` and
+    /// `groups` notwithstanding.
+    pub controllers: Vec<Glob>,
+    /// The annotation with which the mutating webhook approves the opt-out of a workload's
+    /// pod template: its value is the user whose opt-out was honoured. Only tollgate sets
+    /// it; what a user writes there is removed, or refused.
+    pub approval_annotation: String,
 }
 
 impl Default for OptOut {
@@ -329,6 +343,245 @@ impl Default for OptOut {
             namespaces: vec!["*".into()],
             users: vec![],
             groups: vec!["system:masters".into()],
+            controllers: [
+                "system:serviceaccount:kube-system:job-controller",
+                "system:serviceaccount:kube-system:cronjob-controller",
+                "system:serviceaccount:kube-system:deployment-controller",
+                "system:serviceaccount:kube-system:replicaset-controller",
+                "system:serviceaccount:kube-system:statefulset-controller",
+                "system:serviceaccount:kube-system:daemon-set-controller",
+                "system:serviceaccount:kubeflow:training-operator",
+                "system:serviceaccount:jobset-system:jobset-controller-manager",
+                "system:serviceaccount:ray-system:kuberay-operator",
+                "system:serviceaccount:volcano-system:volcano-controllers",
+                "system:serviceaccount:lws-system:lws-controller-manager",
+            ]
+            .into_iter()
+            .map(Glob::from)
+            .collect(),
+            approval_annotation: "tollgate.dev/opt-out-approved-by".into(),
+        }
+    }
+}
+
+/// Workloads: the objects whose pod templates controllers turn into pods. Their templates
+/// are judged when the workload is created or its templates change, as the pods they
+/// will make would be.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Workloads {
+    /// false: workloads are allowed unchanged, and only their pods are judged.
+    pub enabled: bool,
+    /// The kinds, with where their pod templates are and the labels their controllers add
+    /// to the pods. Writing `kinds` replaces the whole list.
+    pub kinds: Vec<WorkloadKind>,
+}
+
+/// One kind of workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkloadKind {
+    /// The API group (`""` is core), version and kind, as the review's `request.kind`.
+    #[serde(default)]
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+    /// Where the pod templates are.
+    pub templates: Vec<TemplateSpec>,
+    /// Labels the controller adds to every pod (values may use `{name}`, the workload's
+    /// name, `{template}` and `{template-lower}`, the template's name as found and in
+    /// lower case).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Where one kind of template is, and how messages name it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TemplateSpec {
+    /// A path (see `template_path`): keys, `*` for every member of a map, `key[*]` for
+    /// every element of a list.
+    pub path: String,
+    /// How a message names the template: this word, then the name the path's `*` or `[*]`
+    /// found (`replica Worker`), or `name` for a path without one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub noun: String,
+    /// The template's name where the path does not fan out (`leader`, `head`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// Labels the controller adds to the pods of this template only, over the kind's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl WorkloadKind {
+    /// The word messages use for the workload: its kind in lower case (`pytorchjob`).
+    pub fn noun(&self) -> String {
+        self.kind.to_ascii_lowercase()
+    }
+}
+
+impl Workloads {
+    /// The kind a review's `request.kind` names, if the policy lists it.
+    pub fn kind(&self, group: &str, version: &str, kind: &str) -> Option<&WorkloadKind> {
+        self.kinds
+            .iter()
+            .find(|k| k.kind == kind && k.group == group && k.version == version)
+    }
+}
+
+impl Default for Workloads {
+    fn default() -> Self {
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let template = |path: &str, noun: &str, name: &str, l: &[(&str, &str)]| TemplateSpec {
+            path: path.into(),
+            noun: noun.into(),
+            name: name.into(),
+            labels: labels(l),
+        };
+        let kind = |group: &str,
+                    version: &str,
+                    kind: &str,
+                    templates: Vec<TemplateSpec>,
+                    l: &[(&str, &str)]| WorkloadKind {
+            group: group.into(),
+            version: version.into(),
+            kind: kind.into(),
+            templates,
+            labels: labels(l),
+        };
+        let job_labels: &[(&str, &str)] = &[
+            ("batch.kubernetes.io/job-name", "{name}"),
+            ("job-name", "{name}"),
+        ];
+        let plain = |group: &str, k: &str| {
+            kind(
+                group,
+                "v1",
+                k,
+                vec![template("spec.template", "", "", &[])],
+                &[],
+            )
+        };
+        let kubeflow = |k: &str, specs: &str| {
+            kind(
+                "kubeflow.org",
+                "v1",
+                k,
+                vec![template(
+                    &format!("spec.{specs}.*.template"),
+                    "replica",
+                    "",
+                    &[],
+                )],
+                &[
+                    ("training.kubeflow.org/job-name", "{name}"),
+                    ("training.kubeflow.org/replica-type", "{template-lower}"),
+                ],
+            )
+        };
+        let ray = |k: &str, under: &str| {
+            kind(
+                "ray.io",
+                "v1",
+                k,
+                vec![
+                    template(
+                        &format!("{under}.headGroupSpec.template"),
+                        "",
+                        "head",
+                        &[("ray.io/node-type", "head"), ("ray.io/group", "headgroup")],
+                    ),
+                    template(
+                        &format!("{under}.workerGroupSpecs[*].template"),
+                        "worker group",
+                        "",
+                        &[
+                            ("ray.io/node-type", "worker"),
+                            ("ray.io/group", "{template}"),
+                        ],
+                    ),
+                ],
+                &[("ray.io/cluster", "{name}")],
+            )
+        };
+        Workloads {
+            enabled: true,
+            kinds: vec![
+                kind(
+                    "batch",
+                    "v1",
+                    "Job",
+                    vec![template("spec.template", "", "", &[])],
+                    job_labels,
+                ),
+                kind(
+                    "batch",
+                    "v1",
+                    "CronJob",
+                    vec![template("spec.jobTemplate.spec.template", "", "", &[])],
+                    job_labels,
+                ),
+                plain("apps", "Deployment"),
+                plain("apps", "StatefulSet"),
+                plain("apps", "ReplicaSet"),
+                plain("apps", "DaemonSet"),
+                kubeflow("PyTorchJob", "pytorchReplicaSpecs"),
+                kubeflow("TFJob", "tfReplicaSpecs"),
+                kubeflow("MPIJob", "mpiReplicaSpecs"),
+                kubeflow("XGBoostJob", "xgbReplicaSpecs"),
+                kind(
+                    "jobset.x-k8s.io",
+                    "v1alpha2",
+                    "JobSet",
+                    vec![template(
+                        "spec.replicatedJobs[*].template.spec.template",
+                        "replicated job",
+                        "",
+                        &[("jobset.sigs.k8s.io/replicatedjob-name", "{template}")],
+                    )],
+                    &[("jobset.sigs.k8s.io/jobset-name", "{name}")],
+                ),
+                ray("RayJob", "spec.rayClusterSpec"),
+                ray("RayCluster", "spec"),
+                kind(
+                    "batch.volcano.sh",
+                    "v1alpha1",
+                    "Job",
+                    vec![template(
+                        "spec.tasks[*].template",
+                        "task",
+                        "",
+                        &[("volcano.sh/task-spec", "{template}")],
+                    )],
+                    &[("volcano.sh/job-name", "{name}")],
+                ),
+                kind(
+                    "leaderworkerset.x-k8s.io",
+                    "v1",
+                    "LeaderWorkerSet",
+                    vec![
+                        template(
+                            "spec.leaderWorkerTemplate.leaderTemplate",
+                            "",
+                            "leader",
+                            &[],
+                        ),
+                        template(
+                            "spec.leaderWorkerTemplate.workerTemplate",
+                            "",
+                            "worker",
+                            &[],
+                        ),
+                    ],
+                    &[("leaderworkerset.sigs.k8s.io/name", "{name}")],
+                ),
+            ],
         }
     }
 }
@@ -680,6 +933,10 @@ impl Policy {
             ),
             (&self.opt_out.annotation, "optOut.annotation"),
             (
+                &self.opt_out.approval_annotation,
+                "optOut.approvalAnnotation",
+            ),
+            (
                 &self.mutation.applied_annotation,
                 "mutation.appliedAnnotation",
             ),
@@ -697,6 +954,7 @@ impl Policy {
             (&self.opt_out.namespaces, "optOut.namespaces"),
             (&self.opt_out.users, "optOut.users"),
             (&self.opt_out.groups, "optOut.groups"),
+            (&self.opt_out.controllers, "optOut.controllers"),
         ] {
             for (i, p) in list.iter().enumerate() {
                 if p.as_str().is_empty() {
@@ -704,6 +962,13 @@ impl Policy {
                 }
             }
         }
+        if self.opt_out.approval_annotation == self.opt_out.annotation {
+            return err(
+                "optOut.approvalAnnotation",
+                "must differ from optOut.annotation: one is the user's request, the other tollgate's approval".into(),
+            );
+        }
+        self.check_workloads(source)?;
         self.check_gpu_classes(source)?;
         self.check_sidecar(source)?;
         let dr = &self.mutation.default_resources;
@@ -747,6 +1012,63 @@ impl Policy {
             Some((_, field, msg)) => Err(PolicyError::field(source, field, msg)),
             None => Ok(()),
         }
+    }
+
+    fn check_workloads(&self, source: &str) -> Result<(), PolicyError> {
+        let err = |field: String, msg: String| Err(PolicyError::field(source, field, msg));
+        let mut seen: BTreeMap<(&str, &str, &str), usize> = BTreeMap::new();
+        for (i, k) in self.workloads.kinds.iter().enumerate() {
+            let at = format!("workloads.kinds[{i}]");
+            if k.kind.is_empty() || !k.kind.bytes().all(|b| b.is_ascii_alphanumeric()) {
+                return err(format!("{at}.kind"), format!("{:?} is not a kind", k.kind));
+            }
+            if k.group.is_empty() && k.kind == "Pod" {
+                return err(
+                    format!("{at}.kind"),
+                    "pods are judged as pods; list the kinds whose templates make them".into(),
+                );
+            }
+            if !k.group.is_empty() {
+                if let Err(m) = check_dns_subdomain(&k.group) {
+                    return err(
+                        format!("{at}.group"),
+                        m.replace("DeviceClass name", "API group"),
+                    );
+                }
+            }
+            if k.version.is_empty() || !k.version.bytes().all(|b| b.is_ascii_alphanumeric()) {
+                return err(
+                    format!("{at}.version"),
+                    format!("{:?} is not an API version", k.version),
+                );
+            }
+            if let Some(j) = seen.insert((&k.group, &k.version, &k.kind), i) {
+                return err(
+                    format!("{at}.kind"),
+                    format!(
+                        "{}/{} {} is also workloads.kinds[{j}]",
+                        k.group, k.version, k.kind
+                    ),
+                );
+            }
+            if k.templates.is_empty() {
+                return err(
+                    format!("{at}.templates"),
+                    "at least one template path".into(),
+                );
+            }
+            check_template_labels(&k.labels)
+                .map_err(|(f, m)| PolicyError::field(source, format!("{at}.labels.{f}"), m))?;
+            for (j, t) in k.templates.iter().enumerate() {
+                let at = format!("{at}.templates[{j}]");
+                if let Err(m) = template_path::Path::parse(&t.path) {
+                    return err(format!("{at}.path"), m);
+                }
+                check_template_labels(&t.labels)
+                    .map_err(|(f, m)| PolicyError::field(source, format!("{at}.labels.{f}"), m))?;
+            }
+        }
+        Ok(())
     }
 
     fn check_gpu_classes(&self, source: &str) -> Result<(), PolicyError> {
@@ -1101,6 +1423,27 @@ fn check_match(
     Ok(())
 }
 
+/// The labels a controller adds: valid keys, and values that are valid once `{name}`,
+/// `{template}` and `{template-lower}` are filled in with a valid name.
+fn check_template_labels(labels: &BTreeMap<String, String>) -> Result<(), (String, String)> {
+    for (k, v) in labels {
+        check_qualified_name(k).map_err(|m| (k.clone(), m))?;
+        let filled = v
+            .replace("{template-lower}", "x")
+            .replace("{template}", "x")
+            .replace("{name}", "x");
+        if filled.contains(['{', '}']) {
+            return Err((
+                k.clone(),
+                format!("{v:?}: only {{name}}, {{template}} and {{template-lower}} are filled in"),
+            ));
+        }
+        check_label_value(&filled)
+            .map_err(|_| (k.clone(), format!("{v:?} is not a valid label value")))?;
+    }
+    Ok(())
+}
+
 /// A label value: at most 63 characters, alphanumerics with `-`, `_`, `.` inside.
 fn check_label_value(v: &str) -> Result<(), String> {
     let ok = v.is_empty()
@@ -1437,6 +1780,79 @@ mod tests {
                 "{text}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn bad_workloads_and_approvals_are_named() {
+        let kind = |body: &str| format!("workloads:\n  kinds:\n    - {body}\n");
+        for (text, field) in [
+            (
+                kind("{group: batch, version: v1, kind: Job, templates: [{path: \"spec..template\"}]}"),
+                "workloads.kinds[0].templates[0].path",
+            ),
+            (
+                kind("{group: batch, version: v1, kind: Job, templates: []}"),
+                "workloads.kinds[0].templates",
+            ),
+            (
+                kind("{group: batch, version: v1, kind: Job, templates: [{path: spec.template, nuon: x}]}"),
+                "workloads.kinds[0].templates[0].nuon",
+            ),
+            (
+                kind("{group: batch, version: v1, kind: Job, templates: [{path: spec.template}], labels: {\"job name\": x}}"),
+                "workloads.kinds[0].labels.job name",
+            ),
+            (
+                kind("{group: batch, version: v1, kind: Job, templates: [{path: spec.template, labels: {a: \"{job}\"}}]}"),
+                "workloads.kinds[0].templates[0].labels.a",
+            ),
+            (
+                kind("{group: \"\", version: v1, kind: Pod, templates: [{path: spec}]}"),
+                "workloads.kinds[0].kind",
+            ),
+            (
+                kind("{group: Batch_, version: v1, kind: Job, templates: [{path: spec.template}]}"),
+                "workloads.kinds[0].group",
+            ),
+            (
+                "workloads:\n  kinds:\n    - {group: batch, version: v1, kind: Job, templates: [{path: spec.template}]}\n    - {group: batch, version: v1, kind: Job, templates: [{path: spec.template}]}\n".to_owned(),
+                "workloads.kinds[1].kind",
+            ),
+            (
+                "optOut:\n  approvalAnnotation: tollgate.dev/opt-out\n".to_owned(),
+                "optOut.approvalAnnotation",
+            ),
+            (
+                "optOut:\n  approvalAnnotation: \"not a key\"\n".to_owned(),
+                "optOut.approvalAnnotation",
+            ),
+            ("optOut:\n  controllers: [\"\"]\n".to_owned(), "optOut.controllers[0]"),
+        ] {
+            let e = Policy::from_text("p.yaml", &text).unwrap_err().to_string();
+            assert!(e.contains(&format!("field `{field}`")), "{text}: {e}");
+        }
+    }
+
+    /// The workloads section merges under profiles like any other.
+    #[test]
+    fn profiles_override_workloads_and_controllers() {
+        let p = profile(
+            "profiles:\n  - name: a\n    workloads: {enabled: false}\n    optOut:\n      controllers: [\"system:serviceaccount:ops:runner\"]\n",
+        );
+        assert!(!p.workloads.enabled);
+        assert_eq!(
+            p.workloads.kinds,
+            Workloads::default().kinds,
+            "the kinds stay the base's"
+        );
+        assert_eq!(
+            p.opt_out.controllers,
+            vec![Glob::from("system:serviceaccount:ops:runner")]
+        );
+        assert_eq!(
+            p.opt_out.approval_annotation,
+            "tollgate.dev/opt-out-approved-by"
+        );
     }
 
     #[test]
