@@ -3,11 +3,20 @@
 //! The opt-out annotation is a request, not a right: the policy names the namespaces and the
 //! requesting users or groups for which it is honoured. Mutation and validation both follow
 //! this one decision so that they never disagree about a pod.
+//!
+//! A pod made by a controller (a Job's, a PyTorchJob's) is requested by the controller's
+//! service account, which says nothing of the person behind the workload. Its opt-out is
+//! judged at the workload instead (`workload`), where the requester is that person, and
+//! the verdict travels in the pod template as tollgate's approval annotation. So for a
+//! requester in `optOut.controllers` the opt-out is honoured only with that approval; for
+//! anyone else the approval means nothing and the requester is judged as always.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::glob;
-use crate::pod::annotation_is_true;
+use crate::pod::is_true;
 use crate::policy::Policy;
 use crate::requester::Requester;
 
@@ -22,13 +31,54 @@ pub enum OptOut {
 }
 
 pub fn decide(policy: &Policy, pod: &Pod, who: &Requester<'_>) -> OptOut {
-    if !annotation_is_true(pod, &policy.opt_out.annotation) {
+    decide_for(policy, pod.metadata.annotations.as_ref(), who)
+}
+
+/// [`decide`] for a pod with these annotations (a pod's, or the template a pod is made
+/// from).
+pub fn decide_for(
+    policy: &Policy,
+    annotations: Option<&BTreeMap<String, String>>,
+    who: &Requester<'_>,
+) -> OptOut {
+    let rule = &policy.opt_out;
+    if !is_true(annotations, &rule.annotation) {
         return OptOut::NotRequested;
+    }
+    if is_controller(policy, who.username) {
+        return match approval(policy, annotations) {
+            Some(_) => match in_namespace(policy, who) {
+                Ok(()) => OptOut::Honoured,
+                Err(why) => OptOut::Refused(why),
+            },
+            None => OptOut::Refused(format!(
+                "opting out with {} is not permitted for a pod that {} makes from a template tollgate did not approve (it carries no {})",
+                rule.annotation, who.username, rule.approval_annotation
+            )),
+        };
     }
     match permitted(policy, who) {
         Ok(()) => OptOut::Honoured,
         Err(why) => OptOut::Refused(why),
     }
+}
+
+/// Whether `username` is one of the controllers whose objects come from a workload's
+/// template.
+pub fn is_controller(policy: &Policy, username: &str) -> bool {
+    glob::any(&policy.opt_out.controllers, username)
+}
+
+/// Who tollgate approved the opt-out of these annotations for, at the workload: the value
+/// of the approval annotation, when it has one.
+pub fn approval<'a>(
+    policy: &Policy,
+    annotations: Option<&'a BTreeMap<String, String>>,
+) -> Option<&'a str> {
+    annotations?
+        .get(&policy.opt_out.approval_annotation)
+        .map(String::as_str)
+        .filter(|v| !v.is_empty())
 }
 
 /// The audit annotation's value for an honoured opt-out: who, and where.
@@ -39,13 +89,44 @@ pub fn audit_note(who: &Requester<'_>) -> String {
     )
 }
 
-/// Whether this requester may opt out in this namespace; if not, why, in the user's words.
-pub fn permitted(policy: &Policy, who: &Requester<'_>) -> Result<(), String> {
+/// [`audit_note`] for a pod with these annotations: a controller's pod also names whom
+/// the opt-out was approved for at the workload.
+pub fn audit_note_for(
+    policy: &Policy,
+    annotations: Option<&BTreeMap<String, String>>,
+    who: &Requester<'_>,
+) -> String {
+    match approval(policy, annotations).filter(|_| is_controller(policy, who.username)) {
+        Some(by) => format!(
+            "{}, approved at the workload for user {by:?}",
+            audit_note(who)
+        ),
+        None => audit_note(who),
+    }
+}
+
+fn in_namespace(policy: &Policy, who: &Requester<'_>) -> Result<(), String> {
     let rule = &policy.opt_out;
-    if !glob::any(&rule.namespaces, who.namespace) {
-        return Err(format!(
+    if glob::any(&rule.namespaces, who.namespace) {
+        Ok(())
+    } else {
+        Err(format!(
             "opting out with {} is not permitted in namespace {:?}",
             rule.annotation, who.namespace
+        ))
+    }
+}
+
+/// Whether this requester may opt out in this namespace; if not, why, in the user's words.
+/// A controller never may on its own: only a template tollgate approved can (see
+/// [`decide_for`]).
+pub fn permitted(policy: &Policy, who: &Requester<'_>) -> Result<(), String> {
+    let rule = &policy.opt_out;
+    in_namespace(policy, who)?;
+    if is_controller(policy, who.username) {
+        return Err(format!(
+            "opting out with {} is judged at the workload for pods that {} makes",
+            rule.annotation, who.username
         ));
     }
     let anyone = rule.users.is_empty() && rule.groups.is_empty();

@@ -74,9 +74,16 @@ pub fn display_name(pod: &Pod) -> String {
 
 /// Whether an annotation is present with the value "true".
 pub fn annotation_is_true(pod: &Pod, key: &str) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
+    is_true(pod.metadata.annotations.as_ref(), key)
+}
+
+/// Whether `key` is in these annotations (a pod's or a pod template's) with the value
+/// "true".
+pub fn is_true(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+    key: &str,
+) -> bool {
+    annotations
         .and_then(|a| a.get(key))
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
 }

@@ -446,8 +446,10 @@ fn mutate_pod(
     let opt_out = optout::decide(policy, &pod, who);
     match &opt_out {
         OptOut::Honoured => {
-            out.response.audit_annotations =
-                HashMap::from([("opt-out".to_owned(), optout::audit_note(who))]);
+            out.response.audit_annotations = HashMap::from([(
+                "opt-out".to_owned(),
+                optout::audit_note_for(policy, pod.metadata.annotations.as_ref(), who),
+            )]);
             out.opt_out = Some(opt_out);
             return;
         }

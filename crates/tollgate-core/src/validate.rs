@@ -25,6 +25,8 @@ pub struct Decision {
     pub verdict: Verdict,
     /// The opt-out decision, when the pod was judged (for the logs and metrics).
     pub opt_out: Option<OptOut>,
+    /// What is missing, when requests are (a workload words its own message from it).
+    pub missing: Vec<Missing>,
 }
 
 /// The one-word outcome, for metrics and logs.
@@ -60,6 +62,7 @@ impl Decision {
             audit_annotations: BTreeMap::new(),
             verdict,
             opt_out: None,
+            missing: vec![],
         }
     }
 }
@@ -103,20 +106,34 @@ pub fn missing_requests(policy: &Policy, pod: &Pod) -> Vec<Missing> {
 }
 
 pub fn validate(policy: &Policy, pod: &Pod, operation: Operation, who: &Requester<'_>) -> Decision {
-    let rule = &policy.validation;
-    if !rule.enabled || !rule.operations.contains(&operation) {
+    if !judges(policy, operation) {
         return Decision::allow(Verdict::Skipped);
     }
-    let name = display_name(pod);
     let opt_out = optout::decide(policy, pod, who);
+    judge(policy, pod, who, opt_out)
+}
+
+/// Whether validation judges this operation at all.
+pub fn judges(policy: &Policy, operation: Operation) -> bool {
+    let rule = &policy.validation;
+    rule.enabled && rule.operations.contains(&operation)
+}
+
+/// Validation of a pod with its opt-out already decided: by [`validate`], or by a
+/// workload for the pods its template will make (whose requester is not the workload's).
+pub fn judge(policy: &Policy, pod: &Pod, who: &Requester<'_>, opt_out: OptOut) -> Decision {
+    let rule = &policy.validation;
+    let name = display_name(pod);
     if opt_out == OptOut::Honoured {
         let mut d = Decision::allow(Verdict::OptedOut);
         d.warnings.push(format!(
             "tollgate: pod {name:?} opted out ({}); its resource requests were not checked",
             policy.opt_out.annotation
         ));
-        d.audit_annotations
-            .insert("opt-out".into(), optout::audit_note(who));
+        d.audit_annotations.insert(
+            "opt-out".into(),
+            optout::audit_note_for(policy, pod.metadata.annotations.as_ref(), who),
+        );
         d.opt_out = Some(opt_out);
         return d;
     }
@@ -126,37 +143,30 @@ pub fn validate(policy: &Policy, pod: &Pod, operation: Operation, who: &Requeste
         d.opt_out = Some(opt_out);
         return d;
     }
-    let summary = missing
-        .iter()
-        .map(|m| format!("{} {}: {}", m.noun, m.container, m.resources.join(",")))
-        .collect::<Vec<_>>()
-        .join("; ");
+    let summary = summary(&missing);
     let mut d = match rule.mode {
         Mode::Enforce => Decision {
             allowed: false,
-            message: Some(denial_message(policy, &name, &missing, &opt_out, who)),
+            message: Some(denial_message(
+                policy,
+                &format!("pod {name:?}"),
+                false,
+                &[Part {
+                    template: None,
+                    missing: &missing,
+                    opt_out: &opt_out,
+                }],
+                who,
+            )),
             warnings: vec![],
             audit_annotations: BTreeMap::new(),
             verdict: Verdict::MissingRequests,
             opt_out: None,
+            missing: vec![],
         },
         Mode::Warn => {
             let mut d = Decision::allow(Verdict::MissingRequests);
-            d.warnings = missing
-                .iter()
-                .map(|m| {
-                    format!(
-                        "tollgate: {} {:?} has no {} request; such pods will be refused once enforcement starts",
-                        m.noun,
-                        m.container,
-                        m.resources.join(" or ")
-                    )
-                })
-                .collect();
-            d.warnings.push(format!(
-                "tollgate: add resources.requests ({}) to each container listed",
-                rule.required_requests.join(", ")
-            ));
+            d.warnings = warn_findings(policy, &missing);
             d.audit_annotations
                 .insert("missing-requests".into(), summary);
             d
@@ -169,59 +179,127 @@ pub fn validate(policy: &Policy, pod: &Pod, operation: Operation, who: &Requeste
         }
     };
     d.opt_out = Some(opt_out);
+    d.missing = missing;
     d
 }
 
+/// The audit annotation's value for missing requests: `container a: cpu,memory; ...`.
+pub fn summary(missing: &[Missing]) -> String {
+    missing
+        .iter()
+        .map(|m| format!("{} {}: {}", m.noun, m.container, m.resources.join(",")))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The findings as `warn` mode reports them.
+fn warn_findings(policy: &Policy, missing: &[Missing]) -> Vec<String> {
+    let mut out: Vec<String> = missing
+        .iter()
+        .map(|m| {
+            format!(
+                "tollgate: {} {:?} has no {} request; such pods will be refused once enforcement starts",
+                m.noun,
+                m.container,
+                m.resources.join(" or ")
+            )
+        })
+        .collect();
+    out.push(format!(
+        "tollgate: add resources.requests ({}) to each container listed",
+        policy.validation.required_requests.join(", ")
+    ));
+    out
+}
+
+/// One part of a denial: the containers of a pod, or of one pod template of a workload.
+#[derive(Debug, Clone, Copy)]
+pub struct Part<'a> {
+    /// How the message names the template (`replica Worker`); None for a pod, or for a
+    /// workload's only template.
+    pub template: Option<&'a str>,
+    pub missing: &'a [Missing],
+    pub opt_out: &'a OptOut,
+}
+
 /// The text kubectl prints after "denied the request: ", for a data scientist to act on.
-fn denial_message(
+/// `subject` is what was refused: `pod "notebook"`, or a `workload` (`job "train"`),
+/// whose parts are its templates.
+pub fn denial_message(
     policy: &Policy,
-    name: &str,
-    missing: &[Missing],
-    opt_out: &OptOut,
+    subject: &str,
+    workload: bool,
+    parts: &[Part<'_>],
     who: &Requester<'_>,
 ) -> String {
     let required = &policy.validation.required_requests;
     let mut m = format!(
-        "pod {name:?} must request {} for every container, and some do not:\n",
-        join_words(required)
+        "{subject} must request {} for every container{}, and some do not:\n",
+        join_words(required),
+        if workload { " of its pods" } else { "" }
     );
-    for x in missing {
-        let _ = writeln!(
-            m,
-            "  - {} {:?} has no request for {}",
-            x.noun,
-            x.container,
-            join_words(&x.resources)
-        );
+    for part in parts {
+        let lead = part.template.map(|t| format!("{t}: ")).unwrap_or_default();
+        for x in part.missing {
+            let _ = writeln!(
+                m,
+                "  - {lead}{} {:?} has no request for {}",
+                x.noun,
+                x.container,
+                join_words(&x.resources)
+            );
+        }
     }
     m.push_str(
         "Fix: add requests sized for your workload to each container listed, for example:\n",
     );
     m.push_str("    resources:\n      requests:\n");
     // Only what is missing somewhere, in the policy's order: the lines a user has to add.
-    for r in required
-        .iter()
-        .filter(|r| missing.iter().any(|x| x.resources.contains(r)))
-    {
+    for r in required.iter().filter(|r| {
+        parts
+            .iter()
+            .any(|p| p.missing.iter().any(|x| x.resources.contains(r)))
+    }) {
         let _ = writeln!(m, "        {r}: {}", example_amount(r));
     }
     let annotation = &policy.opt_out.annotation;
-    match opt_out {
-        OptOut::Refused(why) => {
-            let _ = write!(
-                m,
-                "This pod asks to opt out, but {why}; ask your platform team."
-            );
+    let mut offered = false;
+    for part in parts {
+        match part.opt_out {
+            OptOut::Refused(why) if workload => {
+                let which = match part.template {
+                    Some(t) => format!("The pod template of {t}"),
+                    None => "The pod template".to_owned(),
+                };
+                let _ = writeln!(
+                    m,
+                    "{which} asks to opt out, but {why}; ask your platform team."
+                );
+            }
+            OptOut::Refused(why) => {
+                let _ = write!(
+                    m,
+                    "This pod asks to opt out, but {why}; ask your platform team."
+                );
+            }
+            // Offered only where it would be honoured: pointing at a door that is locked
+            // for this user helps nobody.
+            _ if !offered && optout::permitted(policy, who).is_ok() => {
+                offered = true;
+                if workload {
+                    let _ = writeln!(
+                        m,
+                        "Or, to skip this check for these pods, add the annotation {annotation}: \"true\" to the pod template's metadata.annotations."
+                    );
+                } else {
+                    let _ = write!(
+                        m,
+                        "Or, to skip this check for this pod, add the annotation {annotation}: \"true\"."
+                    );
+                }
+            }
+            _ => {}
         }
-        // Offered only where it would be honoured: pointing at a door that is locked for
-        // this user helps nobody.
-        _ if optout::permitted(policy, who).is_ok() => {
-            let _ = write!(
-                m,
-                "Or, to skip this check for this pod, add the annotation {annotation}: \"true\"."
-            );
-        }
-        _ => {}
     }
     while m.ends_with('\n') {
         m.pop();
