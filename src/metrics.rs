@@ -243,9 +243,11 @@ impl Metrics {
                 step: step.as_str(),
             });
         }
-        let _ = self.denials.get_or_create(&ReasonLabels {
-            reason: Verdict::MissingRequests.as_str(),
-        });
+        for reason in [Verdict::MissingRequests, Verdict::ForgedApproval] {
+            let _ = self.denials.get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            });
+        }
     }
 
     /// Counts a review the engine answered.

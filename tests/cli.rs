@@ -53,12 +53,17 @@ fn every_fixture_gives_a_sensible_result() {
         let path = format!("tests/fixtures/apiserver-v1.36/{name}");
         let out = tollgate(&["review", &path], None);
         let text = String::from_utf8_lossy(&out.stdout);
-        // The pods without requests that are not training pods; bob may not opt out.
+        // The pods without requests that are not training pods; bob may not opt out. The
+        // Deployment's pods are not training pods either, and an UPDATE that changes its
+        // template is judged again; the one that only scales is not. The Job, the CronJob
+        // and the PyTorchJob make training pods, which get default limits.
         let expect_denied = [
             "notebook-helper",
             "dryrun-helper",
             "scratch-notebook-by-bob",
             "notebook-pod-by-replicaset-controller",
+            "deployment-create",
+            "deployment-update-image",
         ]
         .iter()
         .any(|p| name.starts_with(p));
@@ -69,10 +74,27 @@ fn every_fixture_gives_a_sensible_result() {
         );
         let review: serde_json::Value = serde_json::from_slice(&common::fixture(&name)).unwrap();
         let namespace = review["request"]["namespace"].as_str().unwrap();
+        let kind = review["request"]["kind"]["kind"].as_str().unwrap();
+        let noun = kind.to_ascii_lowercase();
         assert!(
-            text.starts_with(&format!("pod {namespace}/")),
+            text.starts_with(&format!("{noun} {namespace}/")),
             "{name}: {text}"
         );
+        if kind != "Pod" {
+            // A workload's decision is given per template.
+            let templates = if kind == "PyTorchJob" { 2 } else { 1 };
+            let lines = text
+                .lines()
+                .filter(|l| l.starts_with("  ") && l.contains("template") && l.contains("): "))
+                .count();
+            assert_eq!(lines, templates, "{name}: {text}");
+            if name.starts_with("deployment-update-replicas") {
+                assert!(
+                    text.contains("(/spec/template): unchanged"),
+                    "{name}: {text}"
+                );
+            }
+        }
     }
 }
 
@@ -141,6 +163,72 @@ fn opt_out_governance_follows_the_requester() {
 }
 
 #[test]
+fn a_workload_is_reviewed_per_template() {
+    // Without a template there is nothing to judge: allowed, with a warning.
+    let out = tollgate(
+        &["review", "-"],
+        Some(&b"kind: Deployment\napiVersion: apps/v1\nmetadata: {name: web}\n"[..]),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.starts_with("deployment default/web: allowed"),
+        "{text}"
+    );
+    assert!(text.contains("no pod template at spec.template"), "{text}");
+
+    // Several documents: each workload (and pod) gets its block, each template a line.
+    let file = "apiVersion: batch/v1
+kind: Job
+metadata: {name: train, namespace: ml}
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers: [{name: t, image: i}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: ml}
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers: [{name: nginx, image: nginx}]
+";
+    let out = tollgate(&["review", "-"], Some(file.as_bytes()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the Deployment's pods lack requests: {text}"
+    );
+    assert!(text.starts_with("job ml/train: allowed"), "{text}");
+    assert!(
+        text.contains("\ndeployment ml/web: denied\n  pod template (/spec/template): denied\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "deployment \"web\" must request cpu and memory for every container of its pods"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("  - container \"nginx\" has no request for cpu and memory"),
+        "{text}"
+    );
+
+    let out = tollgate(&["review", "--output", "json", "-"], Some(file.as_bytes()));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["kind"], "Job");
+    assert_eq!(v[0]["templates"][0]["decision"], "allowed");
+    assert_eq!(v[1]["templates"][0]["path"], "/spec/template");
+    assert_eq!(v[1]["decision"], "denied");
+}
+
+#[test]
 fn unusable_input_exits_2_with_a_reason() {
     for (what, args, stdin, needle) in [
         ("empty", vec!["review", "-"], Some(&b""[..]), "empty input"),
@@ -150,11 +238,13 @@ fn unusable_input_exits_2_with_a_reason() {
             Some(&b"{{{"[..]),
             "neither JSON nor YAML",
         ),
+        // A kind that is neither a pod nor a workload the policy lists (a Deployment is
+        // one: see a_workload_is_reviewed_per_template).
         (
-            "a Deployment",
+            "a ConfigMap",
             vec!["review", "-"],
-            Some(&b"kind: Deployment\napiVersion: apps/v1\n"[..]),
-            "a Deployment",
+            Some(&b"kind: ConfigMap\napiVersion: v1\n"[..]),
+            "a ConfigMap",
         ),
         (
             "missing file",

@@ -1,23 +1,25 @@
 //! Golden cases: one folder per case under `tests/golden/`, found automatically.
 //!
 //! A case folder holds:
-//! - `case.yaml`: `endpoint: mutate|validate`, and for a `pod.yaml` input optionally
-//!   `namespace`, `user`, `groups`;
-//! - the input: `review.json` (an AdmissionReview) or `pod.yaml` (a Pod, sent as the CREATE
-//!   review the apiserver would send);
+//! - `case.yaml`: `endpoint: mutate|validate`, and for a `pod.yaml` or `workload.yaml`
+//!   input optionally `namespace`, `user`, `groups`;
+//! - the input: `review.json` (an AdmissionReview: a real apiserver's, or an UPDATE with
+//!   its `oldObject`), `pod.yaml` (a Pod) or `workload.yaml` (a Job, Deployment,
+//!   PyTorchJob, ...), the last two sent as the CREATE review the apiserver would send;
 //! - `policy.yaml` (optional; the shipped `policies/default.yaml` otherwise);
 //! - `context.yaml` (optional): ResourceClaims, ResourceClaimTemplates and Namespaces, the
 //!   cluster context of the review (the engine and the HTTP router get them as the
 //!   server's context; `tollgate review` gets them in the same file as the input, as a
 //!   user would write it);
 //! - the expected output: `response.json` (the AdmissionReview returned, with the patch
-//!   decoded for reading) and, for mutate cases, `mutated.yaml` (the input pod with the
-//!   patch applied).
+//!   decoded for reading) and, for mutate cases, `mutated.yaml` (the input pod or workload
+//!   with the patch applied).
 //!
 //! Every case runs through the engine, the HTTP router and the `tollgate review` command;
 //! all three must agree with the goldens. Mutate cases also check that the patch applies to
-//! the object as sent, that the result is a valid pod, and that a second pass over the
-//! mutated pod yields no patch.
+//! the object as sent, that the result is a valid pod (for a workload: that the patch
+//! touches nothing but tollgate's opt-out approval in its templates), and that a second
+//! pass over the mutated object yields no patch.
 //!
 //! Goldens are only rewritten with `TOLLGATE_BLESS=1 cargo test --test golden`. A missing or
 //! outdated golden file, or one the case does not produce, fails the test.
@@ -112,10 +114,13 @@ fn load_case(dir: &Path) -> Result<Case, String> {
         let v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap())
             .map_err(|e| format!("review.json: {e}"))?;
         (p, v)
-    } else if dir.join("pod.yaml").exists() {
-        let p = dir.join("pod.yaml");
+    } else if let Some(p) = ["pod.yaml", "workload.yaml"]
+        .iter()
+        .map(|f| dir.join(f))
+        .find(|p| p.exists())
+    {
         let pod: Value = serde_saphyr::from_str(&std::fs::read_to_string(&p).unwrap())
-            .map_err(|e| format!("pod.yaml: {e}"))?;
+            .map_err(|e| format!("{}: {e}", p.display()))?;
         let review = tollgate::cli::synthetic_review(
             &pod,
             spec.namespace.as_deref(),
@@ -124,7 +129,7 @@ fn load_case(dir: &Path) -> Result<Case, String> {
         );
         (p, review)
     } else {
-        return Err("no input: add review.json or pod.yaml".into());
+        return Err("no input: add review.json, pod.yaml or workload.yaml".into());
     };
     let context_text = std::fs::read_to_string(dir.join("context.yaml")).ok();
     let context = match &context_text {
@@ -271,6 +276,11 @@ fn via_cli(case: &Case) -> Value {
     serde_json::from_slice(&out.stdout).expect("review --output json prints JSON")
 }
 
+/// Whether the case reviews a workload rather than a pod.
+fn is_workload(case: &Case) -> bool {
+    case.review.pointer("/request/kind/kind") != Some(&Value::from("Pod"))
+}
+
 fn check_mutation(case: &Case, response: &Value, failures: &mut Vec<String>) {
     let name = case.dir.display();
     let mut pod = case
@@ -304,15 +314,48 @@ fn check_mutation(case: &Case, response: &Value, failures: &mut Vec<String>) {
         &serde_saphyr::to_string(&pod).unwrap(),
         failures,
     );
-    let typed: Pod = match serde_json::from_value(pod.clone()) {
-        Ok(p) => p,
-        Err(e) => {
-            failures.push(format!("{name}: the mutated object is not a Pod: {e}"));
-            return;
+    if is_workload(case) {
+        // The mutating webhook only ever sets or removes the approval in a template: the
+        // pods are mutated when they are created.
+        let approval = &case.policy.opt_out.approval_annotation;
+        for op in response
+            .pointer("/response/patch")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let path = op["path"].as_str().unwrap_or("");
+            let key = format!("/metadata/annotations/{}", approval.replace('/', "~1"));
+            let only_approval = path.ends_with(&key)
+                || (path.ends_with("/metadata/annotations")
+                    && op["value"]
+                        .as_object()
+                        .is_some_and(|m| m.len() == 1 && m.contains_key(approval.as_str())))
+                || (path.ends_with("/metadata")
+                    && op["value"].as_object().is_some_and(|m| {
+                        m.len() == 1
+                            && m.get("annotations")
+                                .and_then(Value::as_object)
+                                .is_some_and(|a| a.len() == 1 && a.contains_key(approval.as_str()))
+                    }));
+            let in_a_template = path.to_ascii_lowercase().contains("template");
+            if !only_approval || !in_a_template {
+                failures.push(format!(
+                    "{name}: the patch of a workload changes more than the approval: {op}"
+                ));
+            }
         }
-    };
-    for p in tollgate_core::check::problems(&typed) {
-        failures.push(format!("{name}: the mutated pod is invalid: {p}"));
+    } else {
+        let typed: Pod = match serde_json::from_value(pod.clone()) {
+            Ok(p) => p,
+            Err(e) => {
+                failures.push(format!("{name}: the mutated object is not a Pod: {e}"));
+                return;
+            }
+        };
+        for p in tollgate_core::check::problems(&typed) {
+            failures.push(format!("{name}: the mutated pod is invalid: {p}"));
+        }
     }
     // Idempotency: the mutated pod, sent again (as reinvocation does), gets no patch.
     let mut again = case.review.clone();
@@ -377,7 +420,12 @@ async fn golden_cases() {
         match case.endpoint {
             Endpoint::Mutate => {
                 check_mutation(&case, &response, &mut failures);
-                let cli_pod = cli.get("mutatedPod").cloned().unwrap_or(Value::Null);
+                let mutated = if is_workload(&case) {
+                    "mutatedObject"
+                } else {
+                    "mutatedPod"
+                };
+                let cli_pod = cli.get(mutated).cloned().unwrap_or(Value::Null);
                 if !bless() {
                     let expected: Value = std::fs::read_to_string(case.dir.join("mutated.yaml"))
                         .ok()

@@ -73,11 +73,13 @@ async fn bad_requests_get_clear_errors_and_the_server_keeps_serving() {
     let state = common::default_state();
     let valid = common::fixture("resnet50-master-0.mutate.json");
     let mut review: Value = serde_json::from_slice(&valid).unwrap();
+    // Neither a pod nor a workload the policy lists (a Deployment now is one).
     let not_a_pod = {
         let mut r = review.clone();
         r["request"]["kind"] =
-            serde_json::json!({"group": "apps", "version": "v1", "kind": "Deployment"});
-        r["request"]["object"] = serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}});
+            serde_json::json!({"group": "", "version": "v1", "kind": "ConfigMap"});
+        r["request"]["object"] =
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "d"}});
         r
     };
     let broken_pod = {
@@ -190,7 +192,8 @@ async fn bad_requests_get_clear_errors_and_the_server_keeps_serving() {
         assert_eq!(s, StatusCode::OK, "after {what}: {text}");
     }
 
-    // A well-formed review of something other than a pod: allowed, unchanged, with a warning.
+    // A well-formed review of something other than a pod or a workload: allowed, unchanged,
+    // with a warning.
     let (s, text) = call_on(
         tollgate::router(state.clone()),
         Method::POST,

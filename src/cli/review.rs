@@ -2,7 +2,8 @@
 //! webhooks would judge them.
 //!
 //! The input is one JSON document or any number of YAML documents (`---`), a `kind: List`
-//! among them expanded. Pods and AdmissionReviews are what is reviewed, in file order;
+//! among them expanded. Pods, workloads (the kinds of the policy's `workloads.kinds`: Jobs,
+//! Deployments, PyTorchJobs, ...) and AdmissionReviews are what is reviewed, in file order;
 //! ResourceClaims, ResourceClaimTemplates and Namespaces are the cluster context they are
 //! reviewed in (a DRA Job's file checked as it is, its claim template beside it). What the
 //! file does not hold does not exist, as far as the review knows.
@@ -16,6 +17,7 @@ use serde_json::{json, Value};
 use tollgate_core::cluster::{Cluster, Objects};
 use tollgate_core::policy::Policy;
 use tollgate_core::review::{review_bytes_with, Endpoint, Reviewed};
+use tollgate_core::workload::TemplateVerdict;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -36,8 +38,9 @@ pub enum Stage {
 
 #[derive(Args, Debug)]
 pub struct ReviewArgs {
-    /// Pods (YAML or JSON) or AdmissionReviews (JSON), with the ResourceClaims,
-    /// ResourceClaimTemplates and Namespaces they refer to; "-" reads standard input.
+    /// Pods and workloads (YAML or JSON) or AdmissionReviews (JSON), with the
+    /// ResourceClaims, ResourceClaimTemplates and Namespaces they refer to; "-" reads
+    /// standard input.
     pub file: String,
     /// Policy file (YAML) [default: the built-in policy, a copy of policies/default.yaml].
     #[arg(long)]
@@ -48,13 +51,13 @@ pub struct ReviewArgs {
     /// Which webhook(s) to run.
     #[arg(long, value_enum, default_value_t = Stage::All)]
     pub stage: Stage,
-    /// For a Pod input: the namespace [default: the pod's, or "default"].
+    /// For a Pod or workload input: the namespace [default: the object's, or "default"].
     #[arg(long)]
     pub namespace: Option<String>,
-    /// For a Pod input: the requesting user (opt-out governance looks at it).
+    /// For a Pod or workload input: the requesting user (opt-out governance looks at it).
     #[arg(long, default_value = "tollgate-review")]
     pub user: String,
-    /// For a Pod input: a group of the requesting user (repeatable).
+    /// For a Pod or workload input: a group of the requesting user (repeatable).
     #[arg(long = "group")]
     pub groups: Vec<String>,
 }
@@ -101,7 +104,7 @@ fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
         std::fs::read_to_string(&a.file).map_err(|e| Unusable(format!("{}: {e}", a.file)))?
     };
     let unusable = |e: String| Unusable(format!("{}: {e}", a.file));
-    let input = split(documents(&input).map_err(unusable)?).map_err(unusable)?;
+    let input = split(documents(&input).map_err(unusable)?, &policy).map_err(unusable)?;
     let mut results = Vec::with_capacity(input.subjects.len());
     for subject in &input.subjects {
         results.push(run_review(&policy, subject, a, &input.context).map_err(unusable)?);
@@ -131,7 +134,7 @@ fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
 /// its items.
 pub fn documents(text: &str) -> Result<Vec<Value>, String> {
     if text.trim().is_empty() {
-        return Err("empty input: expected a Pod or an AdmissionReview".into());
+        return Err("empty input: expected a Pod, a workload or an AdmissionReview".into());
     }
     // JSON first: it is exact for what the apiserver sends; YAML covers the rest.
     let docs = match serde_json::from_str::<Value>(text) {
@@ -159,9 +162,10 @@ pub struct Input {
     pub context: Objects,
 }
 
-/// Sorts documents into subjects (Pods, AdmissionReviews) and context (claims, claim
-/// templates, namespaces). Another kind of object is an error naming it.
-pub fn split(docs: Vec<Value>) -> Result<Input, String> {
+/// Sorts documents into subjects (Pods, the workloads `policy` lists, AdmissionReviews) and
+/// context (claims, claim templates, namespaces). Another kind of object is an error naming
+/// it.
+pub fn split(docs: Vec<Value>, policy: &Policy) -> Result<Input, String> {
     let mut input = Input {
         subjects: vec![],
         context: Objects::complete(),
@@ -185,21 +189,32 @@ pub fn split(docs: Vec<Value>) -> Result<Input, String> {
             ("Namespace", "v1") => input.context.add_namespace(serde_json::from_value(d).map_err(bad)?),
             ("", _) => {
                 return Err(format!(
-                    "document {}: no kind: expected a Pod or an AdmissionReview",
+                    "document {}: no kind: expected a Pod, a workload or an AdmissionReview",
                     i + 1
                 ))
             }
+            (k, api) if is_workload(policy, api, k) => input.subjects.push(d),
             (k, _) => {
                 return Err(format!(
-                    "a {k} ({api}): expected a Pod or an AdmissionReview, with the ResourceClaims (resource.k8s.io/v1), ResourceClaimTemplates and Namespaces they use"
+                    "a {k} ({api}): expected a Pod, a workload the policy lists (workloads.kinds) or an AdmissionReview, with the ResourceClaims (resource.k8s.io/v1), ResourceClaimTemplates and Namespaces they use"
                 ))
             }
         }
     }
     if input.subjects.is_empty() {
-        return Err("no Pod or AdmissionReview to review".into());
+        return Err("no Pod, workload or AdmissionReview to review".into());
     }
     Ok(input)
+}
+
+/// The group and version of an `apiVersion` (`batch/v1`; `v1` is the core group).
+fn group_version(api: &str) -> (&str, &str) {
+    api.split_once('/').unwrap_or(("", api))
+}
+
+fn is_workload(policy: &Policy, api: &str, kind: &str) -> bool {
+    let (group, version) = group_version(api);
+    policy.workloads.kind(group, version, kind).is_some()
 }
 
 /// What the review command found, for both output formats.
@@ -214,26 +229,54 @@ pub struct CliResult {
     pub namespace: String,
     pub name: String,
     pub steps: Vec<&'static str>,
+    /// For a workload: its kind (`Job`), and what became of each of its pod templates.
+    pub workload: Option<String>,
+    pub templates: Vec<TemplateVerdict>,
 }
 
 impl CliResult {
     pub fn to_json(&self) -> Value {
+        let Some(kind) = &self.workload else {
+            return json!({
+                "decision": if self.allowed { "allowed" } else { "denied" },
+                "allowed": self.allowed,
+                "message": self.message,
+                "warnings": self.warnings,
+                "steps": self.steps,
+                "patch": self.patch,
+                "mutatedPod": self.mutated,
+                "mutateResponse": self.mutate_response,
+                "validateResponse": self.validate_response,
+            });
+        };
+        let templates: Vec<Value> = self
+            .templates
+            .iter()
+            .map(|t| json!({"template": t.template, "path": t.pointer, "decision": t.decision}))
+            .collect();
         json!({
             "decision": if self.allowed { "allowed" } else { "denied" },
             "allowed": self.allowed,
+            "kind": kind,
+            "namespace": self.namespace,
+            "name": self.name,
+            "templates": templates,
             "message": self.message,
             "warnings": self.warnings,
-            "steps": self.steps,
             "patch": self.patch,
-            "mutatedPod": self.mutated,
+            "mutatedObject": self.mutated,
             "mutateResponse": self.mutate_response,
             "validateResponse": self.validate_response,
         })
     }
 
     pub fn to_text(&self) -> String {
+        let noun = self
+            .workload
+            .as_deref()
+            .map_or("pod".to_owned(), str::to_ascii_lowercase);
         let mut out = format!(
-            "pod {}/{}: {}",
+            "{noun} {}/{}: {}",
             self.namespace,
             self.name,
             if self.allowed { "allowed" } else { "denied" }
@@ -242,6 +285,12 @@ impl CliResult {
             out.push_str(&format!(" (mutated: {})", self.steps.join(", ")));
         }
         out.push('\n');
+        for t in &self.templates {
+            out.push_str(&format!(
+                "  {} ({}): {}\n",
+                t.template, t.pointer, t.decision
+            ));
+        }
         if let Some(m) = &self.message {
             out.push('\n');
             out.push_str(m);
@@ -262,8 +311,10 @@ impl CliResult {
                 ));
             }
         }
-        if let Some(m) = &self.mutated {
-            out.push_str("\nmutated pod:\n");
+        // A workload is only ever changed in its opt-out approval: shown when it was.
+        let changed = self.workload.is_none() || self.patch.is_some();
+        if let Some(m) = self.mutated.as_ref().filter(|_| changed) {
+            out.push_str(&format!("\nmutated {noun}:\n"));
             out.push_str(&serde_saphyr::to_string(m).unwrap_or_default());
         }
         out
@@ -279,12 +330,29 @@ pub fn run_review(
     cluster: &dyn Cluster,
 ) -> Result<CliResult, String> {
     let kind = value.get("kind").and_then(Value::as_str).unwrap_or("");
+    let api = value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     let review = match kind {
         "AdmissionReview" => value.clone(),
         "Pod" => synthetic_review(value, a.namespace.as_deref(), &a.user, &a.groups),
-        "" => return Err("no kind: expected a Pod or an AdmissionReview".into()),
-        k => return Err(format!("a {k}: expected a Pod or an AdmissionReview")),
+        k if is_workload(policy, api, k) => {
+            synthetic_review(value, a.namespace.as_deref(), &a.user, &a.groups)
+        }
+        "" => return Err("no kind: expected a Pod, a workload or an AdmissionReview".into()),
+        k => {
+            return Err(format!(
+                "a {k}: expected a Pod, a workload or an AdmissionReview"
+            ))
+        }
     };
+    let is_pod = review.pointer("/request/kind/kind").and_then(Value::as_str) == Some("Pod")
+        && review
+            .pointer("/request/kind/group")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .is_empty();
     let mut result = CliResult {
         allowed: true,
         message: None,
@@ -296,6 +364,8 @@ pub fn run_review(
         namespace: String::new(),
         name: String::new(),
         steps: vec![],
+        workload: None,
+        templates: vec![],
     };
     let object = review.pointer("/request/object").cloned();
     let mut to_validate = review.clone();
@@ -309,10 +379,13 @@ pub fn run_review(
         result.patch = r.patch();
         result.steps = r.steps.iter().map(|s| s.as_str()).collect();
         result.mutate_response = Some(response_value(&r));
+        result.templates = r.templates.clone();
         if object.is_some() {
-            // What the apiserver does between the two webhooks.
+            // What the apiserver does between the two webhooks (to a pod's fields).
             let mut defaulted = pod.clone();
-            tollgate_core::pod::default_requests_from_limits(&mut defaulted);
+            if is_pod {
+                tollgate_core::pod::default_requests_from_limits(&mut defaulted);
+            }
             if let Some(o) = to_validate.pointer_mut("/request/object") {
                 *o = defaulted;
             }
@@ -327,6 +400,7 @@ pub fn run_review(
         let r = review_one(policy, cluster, Endpoint::Validate, &to_validate)?;
         absorb(&mut result, &r);
         result.validate_response = Some(response_value(&r));
+        result.templates = r.templates.clone();
         result.allowed = r.response.allowed;
         if !r.response.allowed {
             result.message = Some(r.response.result.message.clone());
@@ -348,6 +422,7 @@ fn review_one(
 fn absorb(result: &mut CliResult, r: &Reviewed) {
     result.namespace = r.namespace.clone();
     result.name = r.name.clone();
+    result.workload = r.kind.clone();
     result
         .warnings
         .extend(r.response.warnings.iter().flatten().cloned());
@@ -357,20 +432,32 @@ fn response_value(r: &Reviewed) -> Value {
     serde_json::from_slice(&r.to_json()).unwrap_or(Value::Null)
 }
 
-/// The CREATE review the apiserver would send for `pod`, from `user` in `groups`.
+/// The CREATE review the apiserver would send for `object` (a Pod or a workload), from
+/// `user` in `groups`.
 pub fn synthetic_review(
-    pod: &Value,
+    object: &Value,
     namespace: Option<&str>,
     user: &str,
     groups: &[String],
 ) -> Value {
     let namespace = namespace
-        .or_else(|| pod.pointer("/metadata/namespace").and_then(Value::as_str))
+        .or_else(|| {
+            object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+        })
         .unwrap_or("default");
-    let name = pod
+    let name = object
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or("");
+    let kind = object.get("kind").and_then(Value::as_str).unwrap_or("Pod");
+    let (group, version) = match object.get("apiVersion").and_then(Value::as_str) {
+        Some(api) => group_version(api),
+        None => ("", "v1"),
+    };
+    // The plural the apiserver's discovery gives every kind tollgate reviews.
+    let resource = format!("{}s", kind.to_ascii_lowercase());
     let mut groups = groups.to_vec();
     groups.push("system:authenticated".into());
     json!({
@@ -378,13 +465,13 @@ pub fn synthetic_review(
         "kind": "AdmissionReview",
         "request": {
             "uid": "00000000-0000-0000-0000-000000000000",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "kind": {"group": group, "version": version, "kind": kind},
+            "resource": {"group": group, "version": version, "resource": resource},
             "name": name,
             "namespace": namespace,
             "operation": "CREATE",
             "userInfo": {"username": user, "groups": groups},
-            "object": pod,
+            "object": object,
             "oldObject": null,
             "dryRun": true,
         }

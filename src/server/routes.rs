@@ -266,11 +266,22 @@ fn log_review(r: &Reviewed, elapsed: Duration, policy_hash: &str) {
         .map(|s| s.as_str())
         .collect::<Vec<_>>()
         .join(",");
+    // A workload's line names its kind and what became of each template; a pod's has
+    // neither field.
+    let templates = r.kind.as_ref().map(|_| {
+        r.templates
+            .iter()
+            .map(|t| format!("{}={}", t.template, t.decision))
+            .collect::<Vec<_>>()
+            .join(",")
+    });
     info!(
         uid = %r.uid,
         endpoint = %r.endpoint.as_str(),
+        kind = r.kind.as_deref(),
         namespace = %r.namespace,
         name = %r.name,
+        templates = templates.as_deref(),
         operation = %r.operation,
         dry_run = r.dry_run,
         decision = %r.result.as_str(),
@@ -284,11 +295,13 @@ fn log_review(r: &Reviewed, elapsed: Duration, policy_hash: &str) {
     match &r.opt_out {
         Some(OptOut::Honoured) => info!(
             uid = %r.uid, endpoint = %r.endpoint.as_str(), user = %r.username,
-            namespace = %r.namespace, name = %r.name, "opt-out honoured"
+            kind = r.kind.as_deref(), namespace = %r.namespace, name = %r.name,
+            "opt-out honoured"
         ),
         Some(OptOut::Refused(why)) => info!(
             uid = %r.uid, endpoint = %r.endpoint.as_str(), user = %r.username,
-            namespace = %r.namespace, name = %r.name, reason = %why, "opt-out refused"
+            kind = r.kind.as_deref(), namespace = %r.namespace, name = %r.name,
+            reason = %why, "opt-out refused"
         ),
         _ => {}
     }

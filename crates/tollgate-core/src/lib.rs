@@ -13,7 +13,8 @@
 //! 3. `pod`: read helpers over a typed Pod.
 //! 4. `gpu`, `optout`, `check`, `parse`, `profile`.
 //! 5. `mutate` (one module per step), `validate`.
-//! 6. `review`: an AdmissionReview in, an AdmissionReview out.
+//! 6. `workload`: a workload's pod templates judged as the pods they will make.
+//! 7. `review`: an AdmissionReview in, an AdmissionReview out.
 #![forbid(unsafe_code)]
 
 pub mod check;
@@ -32,6 +33,7 @@ pub mod requester;
 pub mod review;
 pub mod template_path;
 pub mod validate;
+pub mod workload;
 
 #[cfg(test)]
 pub(crate) mod testdata;

@@ -21,8 +21,9 @@ use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube_core::admission::{AdmissionRequest, Operation};
-use kube_core::{GroupVersionKind, GroupVersionResource, TypeMeta};
+use kube_core::{DynamicObject, GroupVersionKind, GroupVersionResource, TypeMeta};
 use serde::{Deserialize, Deserializer};
+use serde_json::Value;
 
 /// How much of the pod to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +47,45 @@ pub fn request(body: &[u8], shape: Shape) -> Option<AdmissionRequest<Pod>> {
     }
 }
 
+/// An AdmissionReview of any other kind of object (a workload), its objects as JSON: the
+/// request without them, the object and the old object. None when the body is not a
+/// well-formed `admission.k8s.io/v1` review, or is one of a core Pod (pods take the paths
+/// above).
+pub fn workload(body: &[u8]) -> Option<(AdmissionRequest<DynamicObject>, Value, Option<Value>)> {
+    let review: Review<WorkloadRequest> = serde_json::from_slice(body).ok()?;
+    if !is_admission_review_v1(&review.api_version, &review.kind) {
+        return None;
+    }
+    let r = review.request?;
+    if r.kind.group.is_empty() && r.kind.kind == "Pod" {
+        return None;
+    }
+    let object = r.object.filter(|o| !o.is_null())?;
+    let old = r.old_object.filter(|o| !o.is_null());
+    let req = AdmissionRequest {
+        types: TypeMeta {
+            api_version: review.api_version,
+            kind: review.kind,
+        },
+        uid: r.uid,
+        kind: r.kind,
+        resource: r.resource,
+        sub_resource: r.sub_resource,
+        request_kind: r.request_kind,
+        request_resource: r.request_resource,
+        request_sub_resource: r.request_sub_resource,
+        name: r.name,
+        namespace: r.namespace,
+        operation: r.operation,
+        user_info: r.user_info,
+        object: None,
+        old_object: None,
+        dry_run: r.dry_run,
+        options: None,
+    };
+    Some((req, object, old))
+}
+
 /// The one envelope tollgate answers: an `admission.k8s.io/v1` AdmissionReview.
 pub fn is_admission_review_v1(api_version: &str, kind: &str) -> bool {
     api_version == "admission.k8s.io/v1" && kind == "AdmissionReview"
@@ -57,7 +97,7 @@ where
     S: for<'de> Deserialize<'de> + Into<PodSpec>,
     T: for<'de> Deserialize<'de> + Into<Option<PodStatus>>,
 {
-    let review: Review<M, S, T> = serde_json::from_slice(body).ok()?;
+    let review: Review<Request<M, S, T>> = serde_json::from_slice(body).ok()?;
     if !is_admission_review_v1(&review.api_version, &review.kind) {
         return None;
     }
@@ -89,10 +129,40 @@ where
 // without `response`, `oldObject` and `options`, which unknown-field skipping passes over.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Review<M, S, T> {
+struct Review<R> {
     api_version: String,
     kind: String,
-    request: Option<Request<M, S, T>>,
+    request: Option<R>,
+}
+
+/// A workload's request: the objects as they are, `oldObject` too (an UPDATE is judged
+/// by what it changes).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WorkloadRequest {
+    uid: String,
+    kind: GroupVersionKind,
+    resource: GroupVersionResource,
+    #[serde(default)]
+    sub_resource: Option<String>,
+    #[serde(default)]
+    request_kind: Option<GroupVersionKind>,
+    #[serde(default)]
+    request_resource: Option<GroupVersionResource>,
+    #[serde(default)]
+    request_sub_resource: Option<String>,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    operation: Operation,
+    user_info: UserInfo,
+    #[serde(default)]
+    object: Option<Value>,
+    #[serde(default)]
+    old_object: Option<Value>,
+    #[serde(default)]
+    dry_run: bool,
 }
 
 #[derive(Deserialize)]
@@ -293,7 +363,7 @@ mod tests {
     use super::*;
     use kube_core::admission::AdmissionReview;
 
-    fn fixtures() -> Vec<(String, Vec<u8>)> {
+    fn all_fixtures() -> Vec<(String, Vec<u8>)> {
         let dir = crate::testdata::fixtures_dir();
         let mut out: Vec<_> = std::fs::read_dir(dir)
             .unwrap()
@@ -303,8 +373,51 @@ mod tests {
             })
             .collect();
         out.sort();
+        out
+    }
+
+    /// The reviews of pods: what the fast path is for.
+    fn fixtures() -> Vec<(String, Vec<u8>)> {
+        let out: Vec<_> = all_fixtures()
+            .into_iter()
+            .filter(|(_, b)| crate::testdata::is_pod_review(b))
+            .collect();
         assert!(out.len() >= 12);
         out
+    }
+
+    /// The reviews of workloads: never read as pods, read whole as workloads, oldObject
+    /// included; and no review of a pod is read as a workload.
+    #[test]
+    fn workloads_are_read_whole_and_pods_never_as_workloads() {
+        let mut workloads = 0;
+        for (name, body) in all_fixtures() {
+            let v: Value = serde_json::from_slice(&body).unwrap();
+            if crate::testdata::is_pod_review(&body) {
+                assert!(workload(&body).is_none(), "{name}");
+                continue;
+            }
+            workloads += 1;
+            for shape in [Shape::Full, Shape::Validation] {
+                assert!(request(&body, shape).is_none(), "{name}");
+            }
+            let (req, object, old) = workload(&body).unwrap_or_else(|| panic!("{name}"));
+            assert_eq!(object, v["request"]["object"], "{name}");
+            assert_eq!(
+                old.as_ref(),
+                v["request"].get("oldObject").filter(|o| !o.is_null())
+            );
+            assert_eq!(req.uid, v["request"]["uid"].as_str().unwrap());
+            assert_eq!(
+                req.kind.kind,
+                v["request"]["kind"]["kind"].as_str().unwrap()
+            );
+            assert_eq!(
+                req.user_info.username.as_deref(),
+                v["request"]["userInfo"]["username"].as_str()
+            );
+        }
+        assert!(workloads >= 12, "{workloads}");
     }
 
     fn exact(body: &[u8]) -> AdmissionRequest<Pod> {

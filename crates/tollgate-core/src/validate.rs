@@ -40,6 +40,9 @@ pub enum Verdict {
     MissingRequests,
     /// The pod opted out and the policy honoured it.
     OptedOut,
+    /// A workload's template carries an opt-out approval tollgate did not give: refused
+    /// whatever the mode.
+    ForgedApproval,
 }
 
 impl Verdict {
@@ -49,6 +52,7 @@ impl Verdict {
             Verdict::Passed => "passed",
             Verdict::MissingRequests => "missing_requests",
             Verdict::OptedOut => "opted_out",
+            Verdict::ForgedApproval => "forged_approval",
         }
     }
 }

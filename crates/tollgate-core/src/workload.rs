@@ -1,0 +1,916 @@
+//! Workloads: a Job, a Deployment, a PyTorchJob judged by the pods its templates will make.
+//!
+//! Nobody reads the events of a Job whose pods are refused; `kubectl apply` of the Job
+//! itself is where a data scientist looks. So for each pod template of a workload (found
+//! by the policy's paths for its kind) this builds the pod its controller would create,
+//! with the labels the controller adds, and runs on it what a cluster runs on a pod:
+//! tollgate's mutation, the apiserver's defaulting and tollgate's validation (the pipeline
+//! of `tollgate review --stage all`). The workload is refused when its pods would be.
+//!
+//! The opt-out is judged here too, because here the requester is the person who made the
+//! workload, where at the pod it is only a controller's service account. The verdict goes
+//! to the pods in the template itself, as tollgate's approval annotation: the mutating
+//! webhook sets it on a new or changed template whose requester may opt out, and removes
+//! it from any other; an unchanged template keeps what it had; an object a controller made
+//! keeps what it came with (only an approved parent template can have given it one). The
+//! validating webhook refuses an approval the mutating webhook would not have left there.
+//! At the pod, `optout` honours a controller's pod only with the approval.
+//!
+//! The mutating webhook changes nothing else in a template: the pods are mutated when
+//! they are created.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Map, Value};
+
+use crate::cluster::{Cluster, ObjectKey};
+use crate::gpu::Gpus;
+use crate::optout::{self, OptOut};
+use crate::policy::{Mode, Operation, Policy, TemplateSpec, WorkloadKind};
+use crate::requester::Requester;
+use crate::template_path::Path;
+use crate::validate::{self, Missing, Part, Verdict};
+use crate::{diff, mutate, pod, profile};
+
+/// A workload as a review sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload<'a> {
+    pub kind: &'a WorkloadKind,
+    pub object: &'a Value,
+    /// On UPDATE, the object as it was.
+    pub old: Option<&'a Value>,
+    pub operation: Operation,
+    pub who: Requester<'a>,
+}
+
+/// One pod template of a workload.
+#[derive(Debug, Clone)]
+pub struct Template<'v> {
+    /// Where it is in the workload, as a JSON pointer.
+    pub pointer: String,
+    /// How messages name it (`replica Worker`); None for a kind's only, unnamed template.
+    pub label: Option<String>,
+    /// Its name as the controller's labels use it (`Worker`, `head`); empty if none.
+    pub name: String,
+    pub value: &'v Value,
+    spec: &'v TemplateSpec,
+}
+
+/// What the review of one template concluded, for `tollgate review` and the logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateVerdict {
+    /// How messages name the template (`replica Worker`, or `pod template`).
+    pub template: String,
+    pub pointer: String,
+    /// At `/validate`: `allowed`, `denied`, `opted-out`, `unchanged` (an UPDATE that left
+    /// it as it was: not judged), `unreadable`. At `/mutate`: `approved` (the opt-out),
+    /// `not-approved` (asked for and refused), `approval-removed`, `approval-restored` (an
+    /// unchanged template's, as it was), `unchanged`, `none` (nothing to do).
+    pub decision: &'static str,
+}
+
+/// What the validating webhook answers for a workload.
+#[derive(Debug, Clone, Default)]
+pub struct Validated {
+    pub allowed: bool,
+    pub message: Option<String>,
+    pub warnings: Vec<String>,
+    pub audit_annotations: BTreeMap<String, String>,
+    /// None when no template was judged.
+    pub verdict: Option<Verdict>,
+    pub opt_out: Option<OptOut>,
+    pub templates: Vec<TemplateVerdict>,
+    pub unresolved: Vec<ObjectKey>,
+}
+
+/// What the mutating webhook answers for a workload: at most the approval's changes.
+#[derive(Debug, Clone, Default)]
+pub struct Mutated {
+    /// The JSON patch, as text.
+    pub patch: Option<Vec<u8>>,
+    pub warnings: Vec<String>,
+    pub audit_annotations: BTreeMap<String, String>,
+    pub opt_out: Option<OptOut>,
+    pub templates: Vec<TemplateVerdict>,
+}
+
+/// The workload's name as messages show it: `job "train"` (or `job "train-*"` for a
+/// generateName).
+pub fn subject(kind: &WorkloadKind, object: &Value) -> String {
+    let meta = object.get("metadata");
+    let field = |k: &str| {
+        meta.and_then(|m| m.get(k))
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    let name = match (field("name"), field("generateName")) {
+        (Some(n), _) => n.to_owned(),
+        (None, Some(g)) => format!("{g}*"),
+        (None, None) => "(unnamed)".to_owned(),
+    };
+    format!("{} {name:?}", kind.noun())
+}
+
+/// The pod templates of `object`, in the order of the kind's paths.
+pub fn templates<'v>(kind: &'v WorkloadKind, object: &'v Value) -> Vec<Template<'v>> {
+    let mut out = vec![];
+    for spec in &kind.templates {
+        // The policy checked every path when it loaded.
+        let Ok(path) = Path::parse(&spec.path) else {
+            continue;
+        };
+        for found in path.find(object) {
+            let fanned = found.names.join("/");
+            let name = if fanned.is_empty() {
+                spec.name.clone()
+            } else {
+                fanned.clone()
+            };
+            let label = match (spec.noun.as_str(), fanned.as_str()) {
+                ("", "") if spec.name.is_empty() => None,
+                ("", "") => Some(spec.name.clone()),
+                ("", f) => Some(f.to_owned()),
+                (noun, "") => Some(format!("{noun} {}", spec.name).trim_end().to_owned()),
+                (noun, f) => Some(format!("{noun} {f}")),
+            };
+            out.push(Template {
+                pointer: found.pointer,
+                label,
+                name,
+                value: found.value,
+                spec,
+            });
+        }
+    }
+    out
+}
+
+impl Template<'_> {
+    fn annotations(&self) -> Option<BTreeMap<String, String>> {
+        let a = self.value.pointer("/metadata/annotations")?.as_object()?;
+        Some(
+            a.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect(),
+        )
+    }
+
+    fn display(&self) -> &str {
+        self.label.as_deref().unwrap_or("pod template")
+    }
+
+    /// `text`, led by the template's name when it has one (`replica Worker: ...`).
+    fn lead(&self, text: &str) -> String {
+        match &self.label {
+            Some(l) => format!("{l}: {text}"),
+            None => text.to_owned(),
+        }
+    }
+}
+
+/// The labels the pods of `t` get: the template's, then the controller's (which win, as
+/// the controllers set them).
+pub fn pod_labels(
+    kind: &WorkloadKind,
+    t: &Template<'_>,
+    workload: &str,
+) -> BTreeMap<String, String> {
+    let mut labels: BTreeMap<String, String> = t
+        .value
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+        .collect();
+    let lower = t.name.to_ascii_lowercase();
+    for (k, v) in kind.labels.iter().chain(&t.spec.labels) {
+        let v = v
+            .replace("{template-lower}", &lower)
+            .replace("{template}", &t.name)
+            .replace("{name}", workload);
+        labels.insert(k.clone(), v);
+    }
+    labels
+}
+
+/// The pod the controller would create from `t`: the template's metadata and spec, the
+/// controller's labels, the workload's namespace, and a generateName after the workload.
+pub fn pod_of(
+    kind: &WorkloadKind,
+    t: &Template<'_>,
+    workload: &str,
+    namespace: &str,
+) -> Result<Pod, String> {
+    let mut meta = match t.value.get("metadata") {
+        Some(Value::Object(m)) => m.clone(),
+        _ => Map::new(),
+    };
+    let labels = pod_labels(kind, t, workload);
+    if !labels.is_empty() {
+        meta.insert(
+            "labels".into(),
+            Value::Object(
+                labels
+                    .into_iter()
+                    .map(|(k, v)| (k, Value::String(v)))
+                    .collect(),
+            ),
+        );
+    }
+    meta.remove("name");
+    meta.insert("namespace".into(), Value::String(namespace.to_owned()));
+    meta.insert("generateName".into(), Value::String(format!("{workload}-")));
+    let mut pod = Map::new();
+    pod.insert("apiVersion".into(), "v1".into());
+    pod.insert("kind".into(), "Pod".into());
+    pod.insert("metadata".into(), Value::Object(meta));
+    pod.insert(
+        "spec".into(),
+        t.value.get("spec").cloned().unwrap_or(Value::Null),
+    );
+    serde_json::from_value(Value::Object(pod)).map_err(|e| e.to_string())
+}
+
+/// The workload's name for the controller's labels and the pods' generateName.
+fn workload_name(object: &Value) -> &str {
+    let meta = object.get("metadata");
+    ["name", "generateName"]
+        .iter()
+        .find_map(|k| {
+            meta.and_then(|m| m.get(k))
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+        })
+        .map_or("", |s| s.trim_end_matches('-'))
+}
+
+/// The template at the same place in the old object, on UPDATE.
+fn old_template<'v>(w: &Workload<'v>, t: &Template<'_>) -> Option<&'v Value> {
+    w.old?.pointer(&t.pointer).filter(|v| !v.is_null())
+}
+
+/// Whether an UPDATE left a template as it was, but for tollgate's approval (which the
+/// review itself may have changed) and empty metadata maps (which read as absent).
+fn same_template(approval: &str, a: &Value, b: &Value) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return a == b;
+    };
+    let keys = a.keys().chain(b.keys().filter(|k| !a.contains_key(*k)));
+    for k in keys {
+        let (x, y) = (a.get(k), b.get(k));
+        let same = if k == "metadata" {
+            same_map(x, y, |mk, mx, my| {
+                if mk == "annotations" {
+                    same_map(mx, my, |ak, ax, ay| ak == approval || ax == ay)
+                } else {
+                    mx == my
+                }
+            })
+        } else {
+            x == y
+        };
+        if !same {
+            return false;
+        }
+    }
+    true
+}
+
+/// Two maps compared member by member with `same`, an absent, null or empty map being
+/// the same as an empty one.
+fn same_map(
+    a: Option<&Value>,
+    b: Option<&Value>,
+    same: impl Fn(&str, Option<&Value>, Option<&Value>) -> bool,
+) -> bool {
+    fn as_map<'a>(
+        v: Option<&'a Value>,
+        empty: &'a Map<String, Value>,
+    ) -> Option<&'a Map<String, Value>> {
+        match v {
+            None | Some(Value::Null) => Some(empty),
+            Some(Value::Object(m)) => Some(m),
+            Some(_) => None,
+        }
+    }
+    let empty = Map::new();
+    let (Some(am), Some(bm)) = (as_map(a, &empty), as_map(b, &empty)) else {
+        return a == b;
+    };
+    am.keys()
+        .chain(bm.keys().filter(|k| !am.contains_key(*k)))
+        .all(|k| same(k, am.get(k), bm.get(k)))
+}
+
+fn approval_of<'v>(policy: &Policy, template: &'v Value) -> Option<&'v str> {
+    template
+        .pointer("/metadata/annotations")?
+        .get(&policy.opt_out.approval_annotation)?
+        .as_str()
+}
+
+/// A template, and the policy its pods get (their profile).
+struct Judging<'v, 'p> {
+    t: Template<'v>,
+    policy: &'p Policy,
+    profile: Option<&'p str>,
+    /// On CREATE, or an UPDATE that changed it.
+    changed: bool,
+    old: Option<&'v Value>,
+    unresolved: Option<ObjectKey>,
+    warning: Option<String>,
+}
+
+fn judging<'v, 'p>(
+    policy: &'p Policy,
+    cluster: &dyn Cluster,
+    w: &Workload<'v>,
+    name: &str,
+) -> Vec<Judging<'v, 'p>> {
+    templates(w.kind, w.object)
+        .into_iter()
+        .map(|t| {
+            let labels = pod_labels(w.kind, &t, name);
+            let selected = profile::select(policy, w.who.namespace, Some(&labels), cluster);
+            let old = old_template(w, &t);
+            let approval = &selected.policy.opt_out.approval_annotation;
+            let changed = w.operation == Operation::Create
+                || old.is_none_or(|o| !same_template(approval, o, t.value));
+            Judging {
+                t,
+                policy: selected.policy,
+                profile: selected.profile,
+                changed,
+                old,
+                unresolved: selected.unresolved,
+                warning: selected.warning,
+            }
+        })
+        .collect()
+}
+
+/// `tollgate: <subject>: <rest>` from a message that starts `tollgate: <rest>`.
+fn prefixed(subject: &str, message: &str) -> String {
+    let rest = message.strip_prefix("tollgate: ").unwrap_or(message);
+    format!("tollgate: {subject}: {rest}")
+}
+
+fn with_template(subject: &str, t: &Template<'_>) -> String {
+    match &t.label {
+        Some(l) => format!("{subject}, {l}"),
+        None => subject.to_owned(),
+    }
+}
+
+fn no_template_warning(w: &Workload<'_>, subject: &str) -> String {
+    let paths: Vec<&str> = w.kind.templates.iter().map(|t| t.path.as_str()).collect();
+    format!(
+        "tollgate: {subject}: no pod template at {}; it was allowed, and its pods will be judged when they are created",
+        paths.join(", ")
+    )
+}
+
+/// The mutating webhook for a workload: tollgate's approval of the opt-out in each new or
+/// changed template, and nothing else.
+pub fn mutate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Mutated {
+    let mut out = Mutated::default();
+    // What a controller made came from a template judged at its parent: it keeps what it
+    // arrived with.
+    if optout::is_controller(policy, w.who.username) {
+        return out;
+    }
+    let subject = subject(w.kind, w.object);
+    let name = workload_name(w.object);
+    let mut after: Option<Value> = None;
+    let mut approved = vec![];
+    for j in judging(policy, cluster, w, name) {
+        let p = j.policy;
+        let key = &p.opt_out.approval_annotation;
+        let here = with_template(&subject, &j.t);
+        let current = approval_of(p, j.t.value);
+        let annotations = j.t.annotations();
+        let asked = pod::is_true(annotations.as_ref(), &p.opt_out.annotation);
+        let wanted: Option<&str> = if !j.changed {
+            j.old.and_then(|o| approval_of(p, o))
+        } else if asked {
+            match optout::permitted(p, &w.who) {
+                Ok(()) => Some(w.who.username),
+                Err(why) => {
+                    out.warnings.push(format!(
+                        "tollgate: {here}: {why}; its pods will be handled as usual"
+                    ));
+                    out.opt_out = Some(OptOut::Refused(why));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        if wanted.is_some() && j.changed {
+            approved.push(j.t.lead(&format!(
+                "for user {:?} in namespace {:?}",
+                w.who.username, w.who.namespace
+            )));
+            out.opt_out = Some(OptOut::Honoured);
+        }
+        let refused = asked && j.changed && wanted.is_none();
+        let decision = match (j.changed, current == wanted) {
+            (true, _) if wanted.is_some() => "approved",
+            (true, _) if refused => "not-approved",
+            (true, true) => "none",
+            (true, false) => "approval-removed",
+            (false, true) => "unchanged",
+            (false, false) => "approval-restored",
+        };
+        out.templates.push(TemplateVerdict {
+            template: j.t.display().to_owned(),
+            pointer: j.t.pointer.clone(),
+            decision,
+        });
+        if let Some(by) = wanted.filter(|_| j.changed) {
+            out.warnings.push(format!(
+                "tollgate: {here}: the opt-out of its pods is approved for {by:?} ({key} on the pod template); they will skip tollgate's mutation and validation"
+            ));
+        }
+        if current == wanted {
+            continue;
+        }
+        let doc = after.get_or_insert_with(|| w.object.clone());
+        let Some(template) = doc.pointer_mut(&j.t.pointer) else {
+            continue;
+        };
+        set_approval(template, key, wanted);
+        match (wanted, j.changed) {
+            (Some(_), true) => {}
+            (None, true) => out.warnings.push(format!(
+                "tollgate: {here}: removed {key} from the pod template: only tollgate sets it, for a requester who may opt out there"
+            )),
+            (_, false) => out.warnings.push(format!(
+                "tollgate: {here}: {key} on the pod template was put back as it was: the template did not change"
+            )),
+        }
+    }
+    if !approved.is_empty() {
+        out.audit_annotations
+            .insert("opt-out-approved".into(), approved.join("; "));
+    }
+    if let Some(after) = after {
+        let patch = diff::Snapshot::of(w.object)
+            .and_then(|b| diff::patch_text(&b, &diff::Snapshot::of(&after)?));
+        match patch {
+            Ok(p) => out.patch = p,
+            Err(e) => out.warnings.push(format!(
+                "tollgate: {subject}: could not compute its changes ({e}); it was allowed unchanged"
+            )),
+        }
+    }
+    out
+}
+
+/// Sets (or, with None, removes) the approval in a template's annotations.
+fn set_approval(template: &mut Value, key: &str, value: Option<&str>) {
+    let Value::Object(t) = template else {
+        return;
+    };
+    match value {
+        Some(v) => {
+            let meta = t
+                .entry("metadata")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if !meta.is_object() {
+                *meta = Value::Object(Map::new());
+            }
+            let Value::Object(meta) = meta else { return };
+            let annotations = meta
+                .entry("annotations")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if !annotations.is_object() {
+                *annotations = Value::Object(Map::new());
+            }
+            if let Value::Object(a) = annotations {
+                a.insert(key.to_owned(), Value::String(v.to_owned()));
+            }
+        }
+        None => {
+            if let Some(Value::Object(a)) =
+                t.get_mut("metadata").and_then(|m| m.get_mut("annotations"))
+            {
+                a.remove(key);
+            }
+        }
+    }
+}
+
+/// One judged template, kept for the message.
+struct Finding<'v> {
+    t: Template<'v>,
+    missing: Vec<Missing>,
+    opt_out: OptOut,
+}
+
+/// The validating webhook for a workload: each new or changed template judged as the
+/// pods it will make, and approvals the mutating webhook would not have left refused.
+pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Validated {
+    let mut out = Validated {
+        allowed: true,
+        ..Default::default()
+    };
+    let subject = subject(w.kind, w.object);
+    let name = workload_name(w.object);
+    let controller = optout::is_controller(policy, w.who.username);
+    let all = judging(policy, cluster, w, name);
+    if all.is_empty() {
+        out.warnings.push(no_template_warning(w, &subject));
+        return out;
+    }
+    let mut forged = vec![];
+    let mut findings: Vec<(Finding<'_>, &Policy)> = vec![];
+    let mut verdicts: Vec<Verdict> = vec![];
+    let mut audit: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for j in all {
+        let p = j.policy;
+        let here = with_template(&subject, &j.t);
+        out.unresolved.extend(j.unresolved.clone());
+        if let Some(warning) = &j.warning {
+            out.warnings.push(prefixed(&here, warning));
+        }
+        let key = &p.opt_out.approval_annotation;
+        let annotations = j.t.annotations();
+        let asked = pod::is_true(annotations.as_ref(), &p.opt_out.annotation);
+        let approval = approval_of(p, j.t.value);
+        let verdict = |decision| TemplateVerdict {
+            template: j.t.display().to_owned(),
+            pointer: j.t.pointer.clone(),
+            decision,
+        };
+        if !controller {
+            let expected = if !j.changed {
+                j.old.and_then(|o| approval_of(p, o))
+            } else if asked && optout::permitted(p, &w.who).is_ok() {
+                Some(w.who.username)
+            } else {
+                None
+            };
+            if let Some(v) = approval.filter(|v| Some(*v) != expected) {
+                forged.push(format!(
+                    "  - {}: {key}: {v:?}, an approval only tollgate's mutating webhook gives, to a requester who may opt out there",
+                    j.t.display()
+                ));
+                out.templates.push(verdict("denied"));
+                continue;
+            }
+        }
+        if !j.changed {
+            out.templates.push(verdict("unchanged"));
+            continue;
+        }
+        // The opt-out the pods will get: a controller's by the approval it carries; a
+        // person's by who they are, once the mutating webhook has approved it.
+        let opt_out = if controller || !asked {
+            optout::decide_for(p, annotations.as_ref(), &w.who)
+        } else {
+            match optout::permitted(p, &w.who) {
+                Err(why) => OptOut::Refused(why),
+                Ok(()) if approval == Some(w.who.username) => OptOut::Honoured,
+                Ok(()) => OptOut::Refused(format!(
+                    "the pod template carries no {key} (tollgate's mutating webhook approves the opt-out there), so its pods could not opt out"
+                )),
+            }
+        };
+        if opt_out == OptOut::Honoured {
+            out.warnings.push(format!(
+                "tollgate: {here}: its pods opt out ({}); their resource requests will not be checked",
+                p.opt_out.annotation
+            ));
+            audit
+                .entry("opt-out".into())
+                .or_default()
+                .push(j.t.lead(&optout::audit_note(&w.who)));
+            out.opt_out = Some(OptOut::Honoured);
+            verdicts.push(Verdict::OptedOut);
+            out.templates.push(verdict("opted-out"));
+            continue;
+        }
+        let mut pod = match pod_of(w.kind, &j.t, name, w.who.namespace) {
+            Ok(p) => p,
+            Err(e) => {
+                out.warnings.push(format!(
+                    "tollgate: {here}: could not read the pod template ({e}); its pods will be judged when they are created"
+                ));
+                out.templates.push(verdict("unreadable"));
+                continue;
+            }
+        };
+        let (decision, warnings, unresolved) =
+            pipeline(p, j.profile, cluster, &mut pod, opt_out.clone(), &w.who);
+        out.unresolved.extend(unresolved);
+        out.warnings
+            .extend(warnings.iter().map(|m| prefixed(&here, m)));
+        out.warnings
+            .extend(decision.warnings.iter().map(|m| prefixed(&here, m)));
+        for (k, v) in &decision.audit_annotations {
+            audit.entry(k.clone()).or_default().push(j.t.lead(v));
+        }
+        if let OptOut::Refused(why) = &opt_out {
+            if out.opt_out.is_none() {
+                out.opt_out = Some(OptOut::Refused(why.clone()));
+            }
+        }
+        verdicts.push(decision.verdict);
+        out.templates.push(verdict(if decision.allowed {
+            "allowed"
+        } else {
+            "denied"
+        }));
+        if !decision.allowed {
+            findings.push((
+                Finding {
+                    t: j.t,
+                    missing: decision.missing,
+                    opt_out,
+                },
+                p,
+            ));
+        }
+    }
+    if !forged.is_empty() {
+        verdicts.push(Verdict::ForgedApproval);
+    }
+    out.verdict = [
+        Verdict::ForgedApproval,
+        Verdict::MissingRequests,
+        Verdict::Passed,
+        Verdict::OptedOut,
+    ]
+    .into_iter()
+    .find(|v| verdicts.contains(v))
+    .or((!verdicts.is_empty()).then_some(Verdict::Skipped));
+    out.audit_annotations = audit.into_iter().map(|(k, v)| (k, v.join("; "))).collect();
+    let mut message = vec![];
+    if !forged.is_empty() {
+        let key = &policy.opt_out.approval_annotation;
+        message.push(format!(
+            "{subject} carries tollgate's opt-out approval where tollgate did not give it:\n{}\nRemove {key} from the pod template: tollgate sets it itself when the opt-out is permitted.",
+            forged.join("\n")
+        ));
+    }
+    if let Some((_, p)) = findings.first() {
+        let single = findings.len() == 1 && findings[0].0.t.label.is_none();
+        let parts: Vec<Part<'_>> = findings
+            .iter()
+            .map(|(f, _)| Part {
+                template: if single { None } else { Some(f.t.display()) },
+                missing: &f.missing,
+                opt_out: &f.opt_out,
+            })
+            .collect();
+        message.push(validate::denial_message(p, &subject, true, &parts, &w.who));
+    }
+    if !message.is_empty() {
+        out.allowed = false;
+        out.message = Some(message.join("\n\n"));
+    }
+    out
+}
+
+/// What `tollgate review --stage all` does to a pod, on the pod a template will make:
+/// tollgate's mutation (for a training pod), the apiserver's defaulting, validation.
+/// Returns validation's decision, mutation's warnings and what the cluster context lacked.
+fn pipeline(
+    policy: &Policy,
+    profile: Option<&str>,
+    cluster: &dyn Cluster,
+    pod: &mut Pod,
+    opt_out: OptOut,
+    who: &Requester<'_>,
+) -> (validate::Decision, Vec<String>, Vec<ObjectKey>) {
+    let mut warnings = vec![];
+    let mut unresolved = vec![];
+    if policy.mutation.operations.contains(&Operation::Create) {
+        let gpus = Gpus::of(policy, pod, who.namespace, cluster);
+        warnings.extend(gpus.warnings.iter().cloned());
+        unresolved.extend(gpus.unresolved.iter().cloned());
+        if mutate::is_training_pod(policy, pod, &gpus) {
+            let outcome = mutate::mutate(policy, pod, &gpus, profile);
+            warnings.extend(outcome.warnings);
+        }
+    }
+    // The apiserver's defaulting between the two webhooks, as `tollgate review` applies it.
+    if let Ok(mut v) = serde_json::to_value(&*pod) {
+        pod::default_requests_from_limits(&mut v);
+        if let Ok(defaulted) = serde_json::from_value(v) {
+            *pod = defaulted;
+        }
+    }
+    let decision = if validate::judges(policy, Operation::Create) {
+        validate::judge(policy, pod, who, opt_out)
+    } else {
+        validate::Decision {
+            allowed: true,
+            message: None,
+            warnings: vec![],
+            audit_annotations: BTreeMap::new(),
+            verdict: Verdict::Skipped,
+            opt_out: None,
+            missing: vec![],
+        }
+    };
+    // In warn and audit modes the decision allows; enforce is what refuses.
+    debug_assert!(decision.allowed || policy.validation.mode == Mode::Enforce);
+    (decision, warnings, unresolved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Offline;
+    use serde_json::json;
+
+    fn fixture(name: &str) -> Value {
+        let body = std::fs::read(crate::testdata::fixtures_dir().join(name)).unwrap();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    fn who<'a>(user: &'a str, groups: &'a [String]) -> Requester<'a> {
+        Requester {
+            namespace: "ml",
+            username: user,
+            groups,
+        }
+    }
+
+    #[test]
+    fn templates_are_named_from_their_paths_and_get_the_controllers_labels() {
+        let policy = Policy::default();
+        let review = fixture("bert-finetune-pytorchjob.validate.json");
+        let object = &review["request"]["object"];
+        let kind = policy
+            .workloads
+            .kind("kubeflow.org", "v1", "PyTorchJob")
+            .unwrap();
+        let found = templates(kind, object);
+        let labels: Vec<_> = found.iter().map(|t| t.label.clone().unwrap()).collect();
+        assert_eq!(labels, ["replica Master", "replica Worker"]);
+        assert_eq!(
+            found[1].pointer,
+            "/spec/pytorchReplicaSpecs/Worker/template"
+        );
+        let pod = pod_of(kind, &found[1], "bert-finetune", "ml").unwrap();
+        let l = pod.metadata.labels.unwrap();
+        assert_eq!(l["training.kubeflow.org/job-name"], "bert-finetune");
+        assert_eq!(l["training.kubeflow.org/replica-type"], "worker");
+        assert_eq!(pod.metadata.namespace.as_deref(), Some("ml"));
+        assert_eq!(
+            pod.metadata.generate_name.as_deref(),
+            Some("bert-finetune-")
+        );
+        assert_eq!(
+            pod.spec.unwrap().init_containers.unwrap()[0].name,
+            "fetch-shards"
+        );
+
+        let job = policy.workloads.kind("batch", "v1", "Job").unwrap();
+        let review = fixture("hparam-trial-job.mutate.json");
+        let found = templates(job, &review["request"]["object"]);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].label, None, "a Job's one template needs no name");
+    }
+
+    #[test]
+    fn an_update_changes_a_template_unless_only_the_approval_differs() {
+        let key = "tollgate.dev/opt-out-approved-by";
+        let a = json!({"metadata": {"labels": {"app": "x"}}, "spec": {"containers": []}});
+        let stamped = json!({"metadata": {"labels": {"app": "x"}, "annotations": {key: "alice"}}, "spec": {"containers": []}});
+        let bare = json!({"spec": {"containers": []}, "metadata": {"labels": {"app": "x"}, "annotations": {}}});
+        assert!(same_template(key, &a, &stamped));
+        assert!(same_template(key, &stamped, &bare));
+        let relabelled = json!({"metadata": {"labels": {"app": "y"}}, "spec": {"containers": []}});
+        assert!(!same_template(key, &a, &relabelled));
+        let annotated = json!({"metadata": {"labels": {"app": "x"}, "annotations": {"tollgate.dev/opt-out": "true"}}, "spec": {"containers": []}});
+        assert!(!same_template(key, &a, &annotated));
+        let respec = json!({"metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{}]}});
+        assert!(!same_template(key, &a, &respec));
+    }
+
+    fn opting_out_job() -> Value {
+        json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "train", "namespace": "ml"},
+            "spec": {"template": {
+                "metadata": {"annotations": {"tollgate.dev/opt-out": "true"}},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "t", "image": "i"}]}
+            }}
+        })
+    }
+
+    fn apply(object: &Value, patch: &[u8]) -> Value {
+        let patch: json_patch::Patch = serde_json::from_slice(patch).unwrap();
+        let mut doc = object.clone();
+        json_patch::patch(&mut doc, &patch).unwrap();
+        doc
+    }
+
+    #[test]
+    fn the_approval_is_given_to_who_may_opt_out_once_and_refused_to_others() {
+        let policy = Policy::default();
+        let kind = policy.workloads.kind("batch", "v1", "Job").unwrap();
+        let masters = vec!["system:masters".to_owned()];
+        let none: Vec<String> = vec![];
+        let job = opting_out_job();
+        let w = Workload {
+            kind,
+            object: &job,
+            old: None,
+            operation: Operation::Create,
+            who: who("alice", &masters),
+        };
+        let m = mutate(&policy, &Offline, &w);
+        let stamped = apply(&job, m.patch.as_deref().unwrap());
+        assert_eq!(
+            stamped
+                .pointer("/spec/template/metadata/annotations/tollgate.dev~1opt-out-approved-by"),
+            Some(&json!("alice"))
+        );
+        let again = Workload {
+            object: &stamped,
+            ..w
+        };
+        assert!(
+            mutate(&policy, &Offline, &again).patch.is_none(),
+            "idempotent"
+        );
+        let v = validate(&policy, &Offline, &again);
+        assert!(v.allowed, "{:?}", v.message);
+        assert_eq!(v.opt_out, Some(OptOut::Honoured));
+
+        // Bob may not: the approval Alice's Job carries is removed, or refused.
+        let bob = Workload {
+            object: &stamped,
+            who: who("bob", &none),
+            ..w
+        };
+        let m = mutate(&policy, &Offline, &bob);
+        let cleaned = apply(&stamped, m.patch.as_deref().unwrap());
+        assert_eq!(
+            cleaned.pointer("/spec/template/metadata/annotations"),
+            Some(&json!({"tollgate.dev/opt-out": "true"}))
+        );
+        let v = validate(&policy, &Offline, &bob);
+        assert!(!v.allowed);
+        assert!(v
+            .message
+            .unwrap()
+            .contains("tollgate.dev/opt-out-approved-by: \"alice\""));
+
+        // A controller keeps what it came with, and is judged by it.
+        let controller = Workload {
+            object: &stamped,
+            who: who(
+                "system:serviceaccount:kube-system:cronjob-controller",
+                &none,
+            ),
+            ..w
+        };
+        assert!(mutate(&policy, &Offline, &controller).patch.is_none());
+        let v = validate(&policy, &Offline, &controller);
+        assert!(v.allowed);
+        assert_eq!(v.opt_out, Some(OptOut::Honoured));
+    }
+
+    #[test]
+    fn an_unchanged_template_keeps_its_approval_as_it_was() {
+        let policy = Policy::default();
+        let kind = policy.workloads.kind("batch", "v1", "Job").unwrap();
+        let none: Vec<String> = vec![];
+        let old = opting_out_job();
+        // Bob adds only the approval to a template he did not otherwise change.
+        let mut forged = old.clone();
+        forged["spec"]["template"]["metadata"]["annotations"]["tollgate.dev/opt-out-approved-by"] =
+            json!("bob");
+        let w = Workload {
+            kind,
+            object: &forged,
+            old: Some(&old),
+            operation: Operation::Update,
+            who: who("bob", &none),
+        };
+        let m = mutate(&policy, &Offline, &w);
+        assert_eq!(apply(&forged, m.patch.as_deref().unwrap()), old);
+        assert_eq!(m.templates[0].decision, "approval-restored");
+        assert!(!validate(&policy, &Offline, &w).allowed);
+        // Scaling leaves it alone, unjudged.
+        let mut scaled = old.clone();
+        scaled["spec"]["parallelism"] = json!(3);
+        let w = Workload {
+            object: &scaled,
+            ..w
+        };
+        assert!(mutate(&policy, &Offline, &w).patch.is_none());
+        let v = validate(&policy, &Offline, &w);
+        assert!(v.allowed);
+        assert_eq!(v.verdict, None);
+        assert_eq!(v.templates[0].decision, "unchanged");
+    }
+}
