@@ -235,15 +235,52 @@ fn webhooks_call_the_server_routes_through_the_service() {
         );
         assert_eq!(hook["admissionReviewVersions"], serde_json::json!(["v1"]));
         assert_eq!(hook["sideEffects"], "None");
+        let rules = hook["rules"].as_array().unwrap();
         assert_eq!(
-            hook["rules"],
-            serde_json::json!([{
+            rules[0],
+            serde_json::json!({
                 "apiGroups": [""],
                 "apiVersions": ["v1"],
                 "operations": ["CREATE"],
                 "resources": ["pods"],
                 "scope": "Namespaced",
-            }])
+            })
+        );
+        // Then exactly the workloads of the shipped policy, on CREATE and UPDATE, without
+        // subresources.
+        let mut registered = vec![];
+        for rule in &rules[1..] {
+            assert_eq!(
+                rule["operations"],
+                serde_json::json!(["CREATE", "UPDATE"]),
+                "{rule}"
+            );
+            assert_eq!(rule["scope"], "Namespaced", "{rule}");
+            for g in rule["apiGroups"].as_array().unwrap() {
+                for v in rule["apiVersions"].as_array().unwrap() {
+                    for r in rule["resources"].as_array().unwrap() {
+                        let r = r.as_str().unwrap();
+                        assert!(!r.contains('/') && r != "*", "{kind}: {r}");
+                        registered.push(format!(
+                            "{}/{}/{r}",
+                            g.as_str().unwrap(),
+                            v.as_str().unwrap()
+                        ));
+                    }
+                }
+            }
+        }
+        registered.sort();
+        let mut listed: Vec<String> = tollgate_core::policy::Policy::builtin()
+            .workloads
+            .kinds
+            .iter()
+            .map(|k| format!("{}/{}/{}s", k.group, k.version, k.kind.to_ascii_lowercase()))
+            .collect();
+        listed.sort();
+        assert_eq!(
+            registered, listed,
+            "{kind}: the workloads registered are the policy's"
         );
         assert_eq!(hook["failurePolicy"], "Fail", "{kind}");
         let timeout = hook["timeoutSeconds"].as_u64().expect("timeoutSeconds set");
