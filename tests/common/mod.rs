@@ -92,6 +92,7 @@ pub mod net {
             cert_path: dir.join("tls.crt"),
             key_path: dir.join("tls.key"),
             client_ca: None,
+            cluster: None,
             limits: Limits::default(),
             reload_interval: Duration::from_millis(50),
             shutdown_delay: Duration::ZERO,
@@ -405,6 +406,10 @@ pub mod process {
             .stderr(Stdio::piped());
         if !extra.contains(&"--metrics-listen") {
             cmd.args(["--metrics-listen", "off"]);
+        }
+        // No API server runs here; tests that want the cluster context pass their own.
+        if !extra.contains(&"--cluster-context") {
+            cmd.args(["--cluster-context", "off"]);
         }
         let mut child = cmd.spawn().expect("starting tollgate serve");
         let stderr = child.stderr.take().unwrap();
