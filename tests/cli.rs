@@ -315,3 +315,63 @@ spec:
     assert!(text.starts_with("pod ml/dra: allowed"), "{text}");
     assert!(text.contains("\npod default/notebook: denied"), "{text}");
 }
+
+/// Profiles in `tollgate review`: the namespace's labels from `--namespace-labels` or from a
+/// Namespace in the file, and the profile named in the output.
+#[test]
+fn review_names_the_profile_and_takes_namespace_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "profiles:\n  - name: research\n    match:\n      namespaceSelector:\n        matchLabels: {department: research}\n    validation: {mode: warn}\n  - name: by-name\n    match:\n      namespaceSelector:\n        matchLabels: {kubernetes.io/metadata.name: lab}\n    validation: {mode: audit}\n",
+    )
+    .unwrap();
+    let policy = policy.to_str().unwrap();
+    let with_flag = tollgate(
+        &[
+            "review",
+            "--policy",
+            policy,
+            "--namespace",
+            "ml",
+            "--namespace-labels",
+            "department=research,tier=gpu",
+            "-",
+        ],
+        Some(NOTEBOOK.as_bytes()),
+    );
+    let text = String::from_utf8(with_flag.stdout).unwrap();
+    assert_eq!(with_flag.status.code(), Some(0), "{text}");
+    assert!(
+        text.starts_with("pod ml/notebook: allowed (profile research)"),
+        "{text}"
+    );
+
+    // The name label is there as the apiserver sets it, with no flag.
+    let out = tollgate(
+        &[
+            "review",
+            "--policy",
+            policy,
+            "--namespace",
+            "lab",
+            "--output",
+            "json",
+            "-",
+        ],
+        Some(
+            format!("{NOTEBOOK}---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: lab\n")
+                .as_bytes(),
+        ),
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["profile"], "by-name", "{v}");
+
+    // No labels known: no profile, the base enforces.
+    let out = tollgate(
+        &["review", "--policy", policy, "--namespace", "ml", "-"],
+        Some(NOTEBOOK.as_bytes()),
+    );
+    assert_eq!(out.status.code(), Some(1));
+}

@@ -750,3 +750,48 @@ fn cluster_context_rbac_is_read_only_and_exact() {
         .iter()
         .any(|s| s["configMap"]["name"] == "kube-root-ca.crt"));
 }
+
+/// The two-teams example renders, replaces only the policy file, and that policy loads with
+/// its three profiles (profiles on namespace labels: the Deployment's cluster context is on).
+#[test]
+fn two_teams_example_replaces_the_policy_with_profiles() {
+    let text =
+        std::fs::read_to_string(root().join("deploy/overlays/two-teams/policy.yaml")).unwrap();
+    let policy = tollgate_core::policy::Policy::from_text("two-teams/policy.yaml", &text).unwrap();
+    let names: Vec<&str> = policy.profiles.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["team-a", "team-b", "sandbox"]);
+    let a = policy.profiles[0].policy().unwrap();
+    assert_eq!(a.mutation.default_resources.per_gpu["memory"].0, "64Gi");
+    assert_eq!(
+        a.gpu.classes["nvidia"].tolerations.as_ref().unwrap().len(),
+        2
+    );
+    assert_eq!(
+        a.gpu.classes["nvidia"].resources, policy.gpu.classes["nvidia"].resources,
+        "the rest of the class is the shipped one"
+    );
+    if !kubectl_available() {
+        return;
+    }
+    let docs = render(&root().join("deploy/overlays/two-teams"));
+    let cm = find(&docs, "ConfigMap", "tollgate-policy");
+    assert_eq!(cm["data"]["default.yaml"].as_str().unwrap(), text);
+    assert_eq!(
+        kinds(&docs).len(),
+        render(&root().join("deploy/overlays/cert-manager")).len(),
+        "nothing but the policy changes"
+    );
+    let c = container(&docs);
+    assert!(
+        !arg_present(c, "--cluster-context"),
+        "the cluster context stays on"
+    );
+}
+
+fn arg_present(container: &Value, flag: &str) -> bool {
+    container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a == flag)
+}

@@ -3,7 +3,8 @@
 mod review;
 
 pub use review::{
-    documents, run_review, split, synthetic_review, CliResult, Input, Output, ReviewArgs, Stage,
+    add_context, documents, run_review, split, synthetic_review, CliResult, Input, Output,
+    ReviewArgs, Stage,
 };
 
 use std::net::SocketAddr;
