@@ -37,15 +37,7 @@ spec:
           nvidia.com/gpu: 8
 ";
 
-const NOTEBOOK: &str = "apiVersion: v1
-kind: Pod
-metadata:
-  name: notebook
-spec:
-  containers:
-    - name: jupyter
-      image: jupyter
-";
+use common::NOTEBOOK;
 
 #[test]
 fn every_fixture_gives_a_sensible_result() {
