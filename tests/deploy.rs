@@ -743,6 +743,10 @@ fn cluster_context_rbac_is_read_only_and_exact() {
         .find(|v| v["name"] == mount["name"])
         .unwrap();
     let sources = volume["projected"]["sources"].as_array().unwrap();
-    assert!(sources.iter().any(|s| s["serviceAccountToken"]["path"] == "token"));
-    assert!(sources.iter().any(|s| s["configMap"]["name"] == "kube-root-ca.crt"));
+    assert!(sources
+        .iter()
+        .any(|s| s["serviceAccountToken"]["path"] == "token"));
+    assert!(sources
+        .iter()
+        .any(|s| s["configMap"]["name"] == "kube-root-ca.crt"));
 }
