@@ -8,7 +8,7 @@
 //! checks it):
 //!
 //! 0. `testdata`: the unit tests' fixtures.
-//! 1. `glob`, `quantity`, `requester`, `diff`, `cluster`: leaves.
+//! 1. `glob`, `quantity`, `requester`, `diff`, `cluster`, `words`: leaves.
 //! 2. `policy`: the policy's types and loading from text.
 //! 3. `pod`: read helpers over a typed Pod.
 //! 4. `gpu`, `optout`, `check`, `parse`.
@@ -30,6 +30,7 @@ pub mod quantity;
 pub mod requester;
 pub mod review;
 pub mod validate;
+pub mod words;
 
 #[cfg(test)]
 pub(crate) mod testdata;
