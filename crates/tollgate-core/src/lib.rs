@@ -13,12 +13,14 @@
 //! 3. `pod`: read helpers over a typed Pod.
 //! 4. `gpu`, `optout`, `check`, `parse`.
 //! 5. `mutate` (one module per step), `validate`.
-//! 6. `review`: an AdmissionReview in, an AdmissionReview out.
+//! 6. `review`: an AdmissionReview in, an AdmissionReview out. `export`: the validation
+//!    half of a policy as a ValidatingAdmissionPolicy (YAML text).
 #![forbid(unsafe_code)]
 
 pub mod check;
 pub mod cluster;
 pub mod diff;
+pub mod export;
 pub mod glob;
 pub mod gpu;
 pub mod mutate;

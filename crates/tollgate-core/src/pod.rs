@@ -12,9 +12,12 @@ pub enum ContainerKind {
     Regular,
 }
 
+/// The restartPolicy that makes an init container a native sidecar.
+pub const SIDECAR_RESTART_POLICY: &str = "Always";
+
 impl ContainerKind {
     pub fn of_init(c: &Container) -> Self {
-        if c.restart_policy.as_deref() == Some("Always") {
+        if c.restart_policy.as_deref() == Some(SIDECAR_RESTART_POLICY) {
             ContainerKind::Sidecar
         } else {
             ContainerKind::Init
