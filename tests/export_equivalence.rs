@@ -749,7 +749,13 @@ fn gen_review(rng: &mut Rng, policy: &Policy) -> Value {
     // Validation runs after the apiserver has set these: metadata is never empty there.
     pod["metadata"]["namespace"] = json!(namespace);
     pod["metadata"]["uid"] = json!("00000000-0000-0000-0000-000000000001");
-    let user = *rng.pick(USERS);
+    // Now and then a name holding every ASCII character: all of them are quoted alike.
+    let all_ascii: String = (0u8..=127).map(char::from).collect();
+    let user = if rng.chance(3) {
+        all_ascii.as_str()
+    } else {
+        *rng.pick(USERS)
+    };
     let groups: Vec<&str> = rng.some(GROUPS, 25);
     let mut review = json!({
         "apiVersion": "admission.k8s.io/v1",
@@ -899,4 +905,26 @@ fn the_message_is_the_webhooks_on_one_line() {
     assert_eq!(vap.name, "validate.tollgate.dev");
     assert_eq!(vap.binding, vap.name);
     compare(&policy, &vap, &base_context(), &review).unwrap();
+}
+
+/// The one way a message may differ, as deploy/README.md says: outside ASCII, what Rust's
+/// `{:?}` escapes (not printable, or combining) the policy writes as it is.
+#[test]
+fn user_names_escaped_only_by_rust_are_the_documented_difference() {
+    let mut policy = Policy::builtin();
+    policy.opt_out.groups = vec!["platform".into()];
+    let vap = Vap::from_yaml(&export::validating_admission_policy(&policy, &options()).yaml);
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "notebook", "annotations": {"tollgate.dev/opt-out": "true"}},
+        "spec": {"containers": [{"name": "jupyter", "image": "jupyter"}]},
+    });
+    let review = tollgate::cli::synthetic_review(&pod, Some("ml"), "zw\u{200b}sp", &[]);
+    let hook = webhook(&policy, &review);
+    let d = decide(&vap, &base_context(), &pod, &request_var(&review)).unwrap();
+    assert!(!hook.allowed && !d.allowed);
+    let (h, v) = (hook.message.unwrap(), d.message.unwrap());
+    assert!(h.contains(r#"for "zw\u{200b}sp" in"#), "{h}");
+    assert!(v.contains("for \"zw\u{200b}sp\" in"), "{v}");
+    assert_eq!(h.replace(r"\u{200b}", "\u{200b}"), v);
 }
