@@ -362,6 +362,8 @@ impl<'a> Cel<'a> {
             vars.push(("inScope", guard.clone()));
         }
         vars.extend([
+            // `pod::annotation_is_true`: cel-go's `trim` is Go's strings.TrimSpace, which
+            // strips what Unicode calls White_Space, as Rust's `str::trim` does.
             (
                 "optOutAsked",
                 format!(
