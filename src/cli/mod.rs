@@ -1,7 +1,9 @@
-//! The command line: `serve`, `review`, `certs` and `register`.
+//! The command line: `serve`, `review`, `certs`, `register` and `export`.
 
+mod export;
 mod review;
 
+pub use export::{ExportArgs, ExportCommand, VapArgs};
 pub use review::{
     add_context, documents, run_review, split, synthetic_review, CliResult, Input, Output,
     ReviewArgs, Stage,
@@ -37,6 +39,8 @@ pub enum Command {
     Certs(CertsArgs),
     /// Create or update the webhook configurations in a cluster (without cert-manager).
     Register(crate::register::RegisterArgs),
+    /// Write the policy in another form (its validation as a ValidatingAdmissionPolicy).
+    Export(ExportArgs),
 }
 
 #[derive(Args, Debug)]
@@ -152,6 +156,7 @@ pub fn main() -> i32 {
             }
         },
         Command::Review(a) => review::run(&a),
+        Command::Export(a) => export::run(&a),
         Command::Register(a) => {
             let result = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
