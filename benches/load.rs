@@ -206,6 +206,11 @@ impl ServerProcess {
         if kind == Server::Floor {
             cmd.arg("--floor");
         }
+        // No API server here: builds that watch one by default are told not to (a baseline
+        // from before the cluster context does not know the flag).
+        if knows_flag(cmd.get_program(), "--cluster-context") {
+            cmd.args(["--cluster-context", "off"]);
+        }
         let mut child = cmd.spawn().expect("starts tollgate serve");
         // The JSON logs go to a pipe that is read and thrown away, as a log collector would.
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
@@ -685,4 +690,12 @@ fn main() {
         eprintln!("load: some requests failed");
         std::process::exit(1);
     }
+}
+
+/// Whether `tollgate serve --help` of the binary `bin` lists `flag`.
+fn knows_flag(bin: &std::ffi::OsStr, flag: &str) -> bool {
+    Command::new(bin)
+        .args(["serve", "--help"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
 }

@@ -34,10 +34,13 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The shipped policy, or the file `TOLLGATE_BENCH_POLICY` names (relative to the
+/// repository), e.g. `benches/ten-profiles.yaml` for the cost of choosing a profile.
 fn policy() -> Policy {
-    let path = root().join("policies/default.yaml");
-    let text = std::fs::read_to_string(&path).expect("policies/default.yaml");
-    Policy::from_text(&path.display().to_string(), &text).expect("the shipped policy loads")
+    let file = std::env::var("TOLLGATE_BENCH_POLICY").unwrap_or("policies/default.yaml".into());
+    let path = root().join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    Policy::from_text(&path.display().to_string(), &text).expect("the policy loads")
 }
 
 /// One benchmark case: a name, the endpoint it goes to and the request body.
@@ -157,10 +160,22 @@ fn cases() -> Vec<Case> {
     v
 }
 
-/// The cluster context of the fixtures: the claim template `dra-trainer` names, as the
-/// server's caches would hold it. Pods without claims never look at it.
+/// The cluster context of the fixtures: the claim template `dra-trainer` names and the
+/// fixtures' namespaces, as the server's caches would hold them. Pods without claims, and
+/// policies without namespace-label profiles, never look at it.
 fn context() -> Objects {
     let mut o = Objects::default();
+    for ns in ["ml", "ml-cap2-1796114155"] {
+        o.add_namespace(
+            serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": ns, "labels": {
+                    "kubernetes.io/metadata.name": ns, "tollgate.dev/enforce": "enabled"
+                }}
+            }))
+            .expect("a Namespace"),
+        );
+    }
     o.add_template(
         serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",

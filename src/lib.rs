@@ -7,6 +7,7 @@
 pub mod certs;
 pub mod cli;
 pub mod cluster;
+pub mod kubeconfig;
 pub mod metrics;
 pub mod register;
 pub mod server;

@@ -9,6 +9,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::cluster::ResourceStatus;
 use tollgate_core::mutate::Step;
 use tollgate_core::optout::OptOut;
 use tollgate_core::policy::BASE_PROFILE;
@@ -56,6 +57,18 @@ pub struct HashLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabels {
+    pub resource: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FetchLabels {
+    pub resource: &'static str,
+    /// found, absent or failed.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProfileLabels {
     pub endpoint: &'static str,
     /// A profile of the policy file, or "base": as many values as the file has profiles.
@@ -82,6 +95,13 @@ pub struct Metrics {
     /// Log lines dropped because stderr could not keep up (kept by the log writer, brought
     /// up to date when metrics are read).
     pub log_lines_dropped: Counter,
+    /// The cluster context's caches, brought up to date when metrics are read.
+    pub cluster_synced: Family<ResourceLabels, Gauge>,
+    pub cluster_age: Family<ResourceLabels, Gauge>,
+    pub cluster_objects: Family<ResourceLabels, Gauge>,
+    pub cluster_last_sync: Family<ResourceLabels, Gauge>,
+    pub cluster_restarts: Family<ResourceLabels, Counter>,
+    pub cluster_fetches: Family<FetchLabels, Counter>,
 }
 
 /// Review latency buckets: 50 microseconds (a review's own cost) to 10 seconds (the
@@ -114,6 +134,12 @@ impl Metrics {
         let cert_expiry = Gauge::<i64, AtomicI64>::default();
         let in_flight = Gauge::default();
         let log_lines_dropped = Counter::default();
+        let cluster_synced = Family::<ResourceLabels, Gauge>::default();
+        let cluster_age = Family::<ResourceLabels, Gauge>::default();
+        let cluster_objects = Family::<ResourceLabels, Gauge>::default();
+        let cluster_last_sync = Family::<ResourceLabels, Gauge>::default();
+        let cluster_restarts = Family::<ResourceLabels, Counter>::default();
+        let cluster_fetches = Family::<FetchLabels, Counter>::default();
         registry.register(
             "reviews",
             "Admission reviews answered, by endpoint, operation and result (allowed, patched, denied, error)",
@@ -175,6 +201,36 @@ impl Metrics {
             "Log lines dropped because standard error could not keep up with them",
             log_lines_dropped.clone(),
         );
+        registry.register(
+            "cluster_cache_synced",
+            "1 once the cluster context's cache of the resource has been listed completely",
+            cluster_synced.clone(),
+        );
+        registry.register(
+            "cluster_cache_age_seconds",
+            "How far behind the cluster the cache may be: 0 while its watch is current, else seconds since it failed",
+            cluster_age.clone(),
+        );
+        registry.register(
+            "cluster_cache_objects",
+            "Objects in the cluster context's cache",
+            cluster_objects.clone(),
+        );
+        registry.register(
+            "cluster_cache_last_sync_timestamp_seconds",
+            "When the cache was last listed completely, seconds since the Unix epoch",
+            cluster_last_sync.clone(),
+        );
+        registry.register(
+            "cluster_watch_restarts",
+            "Failures of the cluster context's watches, each retried with backoff",
+            cluster_restarts.clone(),
+        );
+        registry.register(
+            "cluster_fetches",
+            "GETs of objects the cache did not hold, by result (found, absent, failed)",
+            cluster_fetches.clone(),
+        );
         let metrics = Metrics {
             registry,
             reviews,
@@ -190,6 +246,12 @@ impl Metrics {
             cert_expiry,
             in_flight,
             log_lines_dropped,
+            cluster_synced,
+            cluster_age,
+            cluster_objects,
+            cluster_last_sync,
+            cluster_restarts,
+            cluster_fetches,
         };
         metrics.initialise_series();
         metrics
@@ -304,6 +366,35 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// Brings the cluster context's series up to date with its caches.
+    pub fn observe_cluster(&self, status: &[ResourceStatus]) {
+        for r in status {
+            let l = ResourceLabels {
+                resource: r.resource,
+            };
+            self.cluster_synced
+                .get_or_create(&l)
+                .set(i64::from(r.synced));
+            self.cluster_age.get_or_create(&l).set(r.age_seconds);
+            self.cluster_objects
+                .get_or_create(&l)
+                .set(i64::try_from(r.objects).unwrap_or(i64::MAX));
+            self.cluster_last_sync.get_or_create(&l).set(r.last_sync);
+            catch_up(&self.cluster_restarts.get_or_create(&l), r.restarts);
+            for (result, n) in [
+                ("found", r.fetched_found),
+                ("absent", r.fetched_absent),
+                ("failed", r.fetched_failed),
+            ] {
+                let l = FetchLabels {
+                    resource: r.resource,
+                    result,
+                };
+                catch_up(&self.cluster_fetches.get_or_create(&l), n);
+            }
+        }
+    }
+
     /// The profiles of the policy in force, at zero: the label's values are the file's
     /// profile names and "base", and nothing of an earlier policy lingers.
     pub fn set_profiles<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
@@ -330,14 +421,18 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn encode(&self) -> String {
-        let dropped = crate::telemetry::dropped_lines();
-        let counted = self.log_lines_dropped.get();
-        if dropped > counted {
-            self.log_lines_dropped.inc_by(dropped - counted);
-        }
+        catch_up(&self.log_lines_dropped, crate::telemetry::dropped_lines());
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Moves a counter up to a total kept elsewhere (counters only go up).
+fn catch_up(counter: &Counter, total: u64) {
+    let counted = counter.get();
+    if total > counted {
+        counter.inc_by(total - counted);
     }
 }

@@ -8,11 +8,12 @@
 //! (idempotent: run it again after rotating the CA). `--dry-run` prints them as YAML instead
 //! and needs no cluster.
 
-use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
+
+use crate::kubeconfig::{load_client_config, KubeconfigSources};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
@@ -149,6 +150,23 @@ pub fn build(args: &RegisterArgs, ca_bundle: &[u8]) -> Result<WebhookConfigurati
     Ok(configs)
 }
 
+/// The namespaces the validating webhook selects, for a release in `namespace`: what
+/// `tollgate export validating-admission-policy` gives the policy it writes.
+pub fn validating_namespace_selector(namespace: &str) -> Result<LabelSelector> {
+    validate_dns_label(namespace, "--namespace")?;
+    let configs = base_configurations()?;
+    let mut selector = configs
+        .validating
+        .webhooks
+        .into_iter()
+        .flatten()
+        .next()
+        .and_then(|w| w.namespace_selector)
+        .context("deploy/base's validating webhook has no namespaceSelector")?;
+    exclude_own_namespace(Some(&mut selector), namespace);
+    Ok(selector)
+}
+
 fn point_at(client_config: &mut WebhookClientConfig, args: &RegisterArgs, ca_bundle: &[u8]) {
     client_config.ca_bundle = Some(ByteString(ca_bundle.to_vec()));
     if let Some(service) = client_config.service.as_mut() {
@@ -237,6 +255,10 @@ pub fn to_yaml(configs: &WebhookConfigurations) -> Result<String> {
     Ok(format!("---\n{mutating}---\n{validating}"))
 }
 
+/// What to do when no kubeconfig is found.
+const HINT: &str = "set KUBECONFIG or pass --kubeconfig, or use --dry-run to print the \
+                    webhook configurations without a cluster";
+
 /// Runs `tollgate register`, printing the YAML (`--dry-run`) or what was applied.
 pub async fn run(args: &RegisterArgs) -> Result<()> {
     let output = execute(args).await?;
@@ -252,7 +274,7 @@ pub async fn execute(args: &RegisterArgs) -> Result<String> {
         return to_yaml(&configs);
     }
     let sources = KubeconfigSources::from_process_env(args.kubeconfig.clone());
-    let config = load_client_config(&sources, args.context.as_deref()).await?;
+    let config = load_client_config(&sources, args.context.as_deref(), HINT).await?;
     let cluster = config.cluster_url.to_string();
     let client = kube::Client::try_from(config)
         .with_context(|| format!("creating a client for the API server at {cluster}"))?;
@@ -321,94 +343,6 @@ pub fn explain(err: kube::Error, resource: &str, name: &str, cluster: &str) -> a
             "applying {resource}.admissionregistration.k8s.io/{name} at {cluster}"
         )),
     }
-}
-
-/// Where the kubeconfig may come from, gathered from the process's environment by
-/// [`KubeconfigSources::from_process_env`] (or built by hand in tests).
-#[derive(Debug, Clone, Default)]
-pub struct KubeconfigSources {
-    /// `--kubeconfig`.
-    pub explicit: Option<PathBuf>,
-    /// `$KUBECONFIG`: a list of files, as `kubectl` reads it.
-    pub env: Option<OsString>,
-    /// `$HOME`, for `~/.kube/config`.
-    pub home: Option<PathBuf>,
-    /// Whether this runs in a pod (`$KUBERNETES_SERVICE_HOST` is set).
-    pub in_cluster: bool,
-}
-
-impl KubeconfigSources {
-    pub fn from_process_env(explicit: Option<PathBuf>) -> Self {
-        KubeconfigSources {
-            explicit,
-            env: std::env::var_os("KUBECONFIG"),
-            home: std::env::var_os("HOME").map(PathBuf::from),
-            in_cluster: std::env::var_os("KUBERNETES_SERVICE_HOST").is_some(),
-        }
-    }
-}
-
-/// Loads the client configuration as `kubectl` would: `--kubeconfig`, else the files in
-/// `$KUBECONFIG` that exist (merged), else `~/.kube/config`, else the in-cluster config.
-pub async fn load_client_config(
-    sources: &KubeconfigSources,
-    context: Option<&str>,
-) -> Result<kube::Config> {
-    use kube::config::{KubeConfigOptions, Kubeconfig};
-
-    const HINT: &str = "set KUBECONFIG or pass --kubeconfig, or use --dry-run to print the \
-                        webhook configurations without a cluster";
-
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    let files = if let Some(path) = &sources.explicit {
-        if !path.is_file() {
-            bail!(
-                "no kubeconfig found: {} (from --kubeconfig) does not exist",
-                path.display()
-            );
-        }
-        vec![path.clone()]
-    } else if let Some(list) = sources.env.as_ref().filter(|v| !v.is_empty()) {
-        candidates.extend(std::env::split_paths(list).filter(|p| !p.as_os_str().is_empty()));
-        candidates.iter().filter(|p| p.is_file()).cloned().collect()
-    } else {
-        if let Some(home) = &sources.home {
-            candidates.push(home.join(".kube").join("config"));
-        }
-        candidates.iter().filter(|p| p.is_file()).cloned().collect()
-    };
-
-    if files.is_empty() {
-        if sources.in_cluster {
-            return kube::Config::incluster()
-                .context("loading the in-cluster configuration (no kubeconfig found)");
-        }
-        let looked: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
-        if looked.is_empty() {
-            bail!("no kubeconfig found: {HINT}");
-        }
-        bail!(
-            "no kubeconfig found (looked at {}): {HINT}",
-            looked.join(", ")
-        );
-    }
-
-    let mut merged = Kubeconfig::default();
-    for file in &files {
-        let next = Kubeconfig::read_from(file)
-            .with_context(|| format!("reading kubeconfig {}", file.display()))?;
-        merged = merged
-            .merge(next)
-            .with_context(|| format!("merging kubeconfig {}", file.display()))?;
-    }
-    let options = KubeConfigOptions {
-        context: context.map(str::to_owned),
-        ..KubeConfigOptions::default()
-    };
-    let shown: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
-    kube::Config::from_custom_kubeconfig(merged, &options)
-        .await
-        .with_context(|| format!("using kubeconfig {}", shown.join(", ")))
 }
 
 #[cfg(test)]
@@ -534,7 +468,7 @@ mod tests {
             home: Some(dir.path().to_owned()),
             in_cluster: false,
         };
-        let err = load_client_config(&sources, None).await.unwrap_err();
+        let err = load_client_config(&sources, None, HINT).await.unwrap_err();
         let msg = format!("{err:#}");
         assert!(msg.starts_with("no kubeconfig found"), "{msg}");
         assert!(msg.contains("set KUBECONFIG"), "{msg}");
@@ -546,7 +480,7 @@ mod tests {
         };
         let msg = format!(
             "{:#}",
-            load_client_config(&sources, None).await.unwrap_err()
+            load_client_config(&sources, None, HINT).await.unwrap_err()
         );
         assert!(msg.contains(".kube/config"), "{msg}");
 
@@ -569,14 +503,14 @@ mod tests {
             "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: k\n  cluster:\n    server: https://127.0.0.1:6443\ncontexts:\n- name: c\n  context:\n    cluster: k\n    user: u\nusers:\n- name: u\n  user:\n    token: t\n",
         )
         .unwrap();
-        let mut list = OsString::from(dir.path().join("missing"));
+        let mut list = std::ffi::OsString::from(dir.path().join("missing"));
         list.push(":");
         list.push(&file);
         let sources = KubeconfigSources {
             env: Some(list),
             ..KubeconfigSources::default()
         };
-        let config = load_client_config(&sources, None).await.unwrap();
+        let config = load_client_config(&sources, None, HINT).await.unwrap();
         assert_eq!(config.cluster_url.to_string(), "https://127.0.0.1:6443/");
     }
 

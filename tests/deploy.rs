@@ -787,3 +787,142 @@ fn cluster_context_rbac_is_read_only_and_exact() {
         .iter()
         .any(|s| s["configMap"]["name"] == "kube-root-ca.crt"));
 }
+
+/// The two-teams example renders, replaces only the policy file, and that policy loads with
+/// its three profiles (profiles on namespace labels: the Deployment's cluster context is on).
+#[test]
+fn two_teams_example_replaces_the_policy_with_profiles() {
+    let text =
+        std::fs::read_to_string(root().join("deploy/overlays/two-teams/policy.yaml")).unwrap();
+    let policy = tollgate_core::policy::Policy::from_text("two-teams/policy.yaml", &text).unwrap();
+    let names: Vec<&str> = policy.profiles.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["team-a", "team-b", "sandbox"]);
+    let a = policy.profiles[0].policy().unwrap();
+    assert_eq!(a.mutation.default_resources.per_gpu["memory"].0, "64Gi");
+    assert_eq!(
+        a.gpu.classes["nvidia"].tolerations.as_ref().unwrap().len(),
+        2
+    );
+    assert_eq!(
+        a.gpu.classes["nvidia"].resources, policy.gpu.classes["nvidia"].resources,
+        "the rest of the class is the shipped one"
+    );
+    if !kubectl_available() {
+        return;
+    }
+    let docs = render(&root().join("deploy/overlays/two-teams"));
+    let cm = find(&docs, "ConfigMap", "tollgate-policy");
+    assert_eq!(cm["data"]["default.yaml"].as_str().unwrap(), text);
+    assert_eq!(
+        kinds(&docs).len(),
+        render(&root().join("deploy/overlays/cert-manager")).len(),
+        "nothing but the policy changes"
+    );
+    let c = container(&docs);
+    assert!(
+        !arg_present(c, "--cluster-context"),
+        "the cluster context stays on"
+    );
+}
+
+fn arg_present(container: &Value, flag: &str) -> bool {
+    container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a == flag)
+}
+
+const NATIVE_VALIDATION: &str = "deploy/overlays/native-validation";
+const VAP_FILE: &str = "deploy/overlays/native-validation/validating-admission-policy.yaml";
+
+#[test]
+fn native_validation_policy_file_is_the_current_export() {
+    // No kubectl needed: the committed file is what `tollgate export` prints for the
+    // shipped policy, so a change to the policy or the export cannot leave it behind.
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["export", "validating-admission-policy"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let committed = std::fs::read(root().join(VAP_FILE)).unwrap();
+    assert!(
+        committed == out.stdout,
+        "{VAP_FILE} is not the current export; run\n  \
+         cargo run -q -- export validating-admission-policy > {VAP_FILE}"
+    );
+}
+
+#[test]
+fn native_validation_overlay_swaps_the_validating_webhook_for_the_policy() {
+    if !kubectl_available() {
+        return;
+    }
+    let docs = render(&root().join(NATIVE_VALIDATION));
+    let cert_manager = render(&root().join("deploy/overlays/cert-manager"));
+    // The cert-manager install, less the validating webhook, plus the policy and binding.
+    let mut want: Vec<String> = kinds(&cert_manager)
+        .into_iter()
+        .filter(|k| !k.starts_with("ValidatingWebhookConfiguration/"))
+        .chain([
+            "ValidatingAdmissionPolicy/\"validate.tollgate.dev\"".to_owned(),
+            "ValidatingAdmissionPolicyBinding/\"validate.tollgate.dev\"".to_owned(),
+        ])
+        .collect();
+    want.sort();
+    assert_eq!(kinds(&docs), want);
+    // The mutating webhook is the cert-manager overlay's, untouched.
+    assert_eq!(
+        find(&docs, "MutatingWebhookConfiguration", "tollgate"),
+        find(&cert_manager, "MutatingWebhookConfiguration", "tollgate")
+    );
+
+    let policy = find(&docs, "ValidatingAdmissionPolicy", "validate.tollgate.dev");
+    let binding = find(
+        &docs,
+        "ValidatingAdmissionPolicyBinding",
+        "validate.tollgate.dev",
+    );
+    assert!(
+        policy["metadata"].get("namespace").is_none(),
+        "cluster-scoped"
+    );
+    assert_eq!(binding["spec"]["policyName"], "validate.tollgate.dev");
+    assert_eq!(
+        binding["spec"]["validationActions"],
+        serde_json::json!(["Deny"])
+    );
+    // kustomize rewrote the file's YAML; what it means is the export's.
+    let exported: Vec<Value> =
+        serde_saphyr::from_multiple(&std::fs::read_to_string(root().join(VAP_FILE)).unwrap())
+            .unwrap();
+    assert_eq!(policy, &exported[0]);
+    assert_eq!(binding, &exported[1]);
+
+    // Pod CREATEs, in exactly the namespaces the validating webhook selects.
+    let constraints = &policy["spec"]["matchConstraints"];
+    let selector = &constraints["namespaceSelector"];
+    assert_eq!(
+        selector,
+        &webhook(base(), "ValidatingWebhookConfiguration")["namespaceSelector"]
+    );
+    let ns = |name: &'static str, enforce: Option<&'static str>| {
+        let mut labels = vec![("kubernetes.io/metadata.name", name)];
+        if let Some(value) = enforce {
+            labels.push(("tollgate.dev/enforce", value));
+        }
+        labels
+    };
+    assert!(selects(selector, &ns("team-a", Some("enabled"))));
+    assert!(!selects(selector, &ns("team-a", None)));
+    for system in ["kube-system", NAMESPACE] {
+        assert!(!selects(selector, &ns(system, Some("enabled"))), "{system}");
+    }
+    // The pods' rule: the workloads' rules of the validating webhook are its own (the
+    // export judges pods only).
+    assert_eq!(
+        constraints["resourceRules"],
+        serde_json::json!([webhook(base(), "ValidatingWebhookConfiguration")["rules"][0]])
+    );
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+}

@@ -137,11 +137,11 @@ fn load_case(dir: &Path) -> Result<Case, String> {
             let docs = tollgate::cli::documents(text).map_err(|e| format!("context.yaml: {e}"))?;
             let mut objects = Objects::complete();
             for d in docs {
-                match d["kind"].as_str() {
-                    Some("ResourceClaim") => objects.add_claim(from(d)?),
-                    Some("ResourceClaimTemplate") => objects.add_template(from(d)?),
-                    Some("Namespace") => objects.add_namespace(from(d)?),
-                    k => return Err(format!("context.yaml: a {k:?} is not context")),
+                // As `tollgate review` reads the same objects from its input.
+                let added = tollgate::cli::add_context(&mut objects, &d)
+                    .map_err(|e| format!("context.yaml: {e}"))?;
+                if !added {
+                    return Err(format!("context.yaml: a {:?} is not context", d["kind"]));
                 }
             }
             objects
@@ -159,10 +159,6 @@ fn load_case(dir: &Path) -> Result<Case, String> {
         context,
         context_text,
     })
-}
-
-fn from<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
-    serde_json::from_value(v).map_err(|e| format!("context.yaml: {e}"))
 }
 
 /// The response with the base64 patch decoded, so goldens read as what they do.

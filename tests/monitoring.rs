@@ -4,6 +4,8 @@
 //!
 //! The rendering tests need `kubectl` on PATH; without it they print why and pass.
 
+#[path = "support/apiserver.rs"]
+mod apiserver;
 mod common;
 
 use std::collections::BTreeSet;
@@ -185,9 +187,21 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
 /// kube-state-metrics' view of the Deployment.
 const EXTERNAL: [&str; 2] = ["up", "kube_deployment_status_replicas_available"];
 
-/// The names a real server exports once it has answered every kind of review.
+/// The names a real server exports once it has answered every kind of review, with its
+/// cluster context on (against the apiserver stand-in), as in the Deployment.
 async fn exported_names() -> BTreeSet<String> {
-    let server = net::start(|_| {}).await;
+    let api = apiserver::ApiServer::start().await;
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    api.write_kubeconfig(kubeconfig.path()).unwrap();
+    let path = kubeconfig.path().to_owned();
+    let server = net::start(|o| {
+        o.cluster = Some(tollgate::server::ClusterOptions {
+            kubeconfig: Some(path),
+            context: None,
+            fetch_timeout: std::time::Duration::from_millis(500),
+        })
+    })
+    .await;
     let mut c = Client::connect(server.addr(), &server.ca_pem, true).await;
     for name in common::fixture_names() {
         let path = if name.contains("mutate") {

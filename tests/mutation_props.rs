@@ -280,6 +280,37 @@ fn add_claims(rng: &mut Rng, spec: &mut Value) {
     spec["resourceClaims"] = json!(claims);
 }
 
+/// A policy whose second profile fits every generated pod (they are Job pods in `ml`),
+/// changing a map (per-GPU defaults), a value (the sidecar mode) and a list (the classes'
+/// tolerations), behind one that never fits.
+fn with_profiles() -> Policy {
+    Policy::from_text(
+        "profiles.yaml",
+        "profiles:
+  - name: elsewhere
+    match:
+      namespaces: [other]
+    validation: {mode: warn}
+  - name: jobs
+    match:
+      namespaces: [\"m?\"]
+      podSelector:
+        matchExpressions:
+          - {key: batch.kubernetes.io/job-name, operator: Exists}
+    mutation:
+      metricsSidecar: {mode: classic}
+      defaultResources:
+        perGpu: {cpu: \"4\", memory: 16Gi}
+    gpu:
+      classes:
+        nvidia-dra:
+          tolerations:
+            - {key: pool, operator: Equal, value: a100, effect: NoSchedule}
+",
+    )
+    .unwrap()
+}
+
 /// What a pod's claims may name: templates and a claim in [`context`], one that is not.
 const CLAIM_SOURCES: &[(&str, &str)] = &[
     ("resourceClaimTemplateName", "two-gpus"),
@@ -520,10 +551,16 @@ fn generated_reviews_patch_cleanly() {
         "fixtures/apiserver-v1.36/resnet50-master-0.mutate.json"
     ))
     .unwrap();
-    let policy = Policy::default();
     let context = context();
     let mut with_claims = 0;
     for seed in 0..CASES / 5 {
+        // Every other case under a policy whose profile applies to these pods.
+        let profiled = seed % 2 == 1;
+        let policy = if profiled {
+            with_profiles()
+        } else {
+            Policy::default()
+        };
         let mut rng = Rng::new(seed ^ 0xDEAD_BEEF);
         let object = gen_pod(&mut rng);
         with_claims += usize::from(object["spec"]["resourceClaims"].is_array());
@@ -538,7 +575,22 @@ fn generated_reviews_patch_cleanly() {
             json_patch::patch(&mut patched, patch).unwrap();
         }
         let mut expected: Pod = serde_json::from_value(object.clone()).unwrap();
-        mutate(&policy, &mut expected);
+        let labels = expected.metadata.labels.clone();
+        let chosen = tollgate_core::profile::select(&policy, "ml", labels.as_ref(), context);
+        assert_eq!(chosen.profile.is_some(), profiled, "seed {seed}");
+        let gpus = Gpus::of(chosen.policy, &expected, "ml", context);
+        tollgate_core::mutate::mutate(chosen.policy, &mut expected, &gpus, chosen.profile);
+        // A second pass over what the apiserver stores yields no patch.
+        let mut again = review.clone();
+        again["request"]["object"] = patched.clone();
+        let second = review_bytes_with(
+            Endpoint::Mutate,
+            &policy,
+            context,
+            &serde_json::to_vec(&again).unwrap(),
+        )
+        .unwrap();
+        assert!(second.patch().is_none(), "seed {seed}: second pass patches");
         // The object sent may carry fields the typed Pod drops; only compare what it keeps.
         let patched: Pod = serde_json::from_value(patched).unwrap();
         assert_eq!(patched, expected, "seed {seed}: {object}");

@@ -228,6 +228,9 @@ async fn soak() {
                 &addr.to_string(),
                 "--metrics-listen",
                 "off",
+                // No API server runs here.
+                "--cluster-context",
+                "off",
             ])
             .arg("--policy")
             .arg(dir.path().join("policy.yaml"))

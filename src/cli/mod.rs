@@ -1,9 +1,12 @@
-//! The command line: `serve`, `review`, `certs` and `register`.
+//! The command line: `serve`, `review`, `certs`, `register` and `export`.
 
+mod export;
 mod review;
 
+pub use export::{ExportArgs, ExportCommand, VapArgs};
 pub use review::{
-    documents, run_review, split, synthetic_review, CliResult, Input, Output, ReviewArgs, Stage,
+    add_context, documents, run_review, split, synthetic_review, CliResult, Input, Output,
+    ReviewArgs, Stage,
 };
 
 use std::net::SocketAddr;
@@ -36,6 +39,8 @@ pub enum Command {
     Certs(CertsArgs),
     /// Create or update the webhook configurations in a cluster (without cert-manager).
     Register(crate::register::RegisterArgs),
+    /// Write the policy in another form (its validation as a ValidatingAdmissionPolicy).
+    Export(ExportArgs),
 }
 
 #[derive(Args, Debug)]
@@ -96,10 +101,31 @@ pub struct ServeArgs {
     /// Then: how long in-flight requests may take before the server exits anyway (ms).
     #[arg(long, default_value_t = 8000)]
     pub drain_timeout_ms: u64,
+    /// Know what reviews need of other objects (DRA claims and claim templates,
+    /// namespaces) from watches of the API server [default: on, or off with --dev].
+    #[arg(long, value_enum)]
+    pub cluster_context: Option<OnOff>,
+    /// Kubeconfig for the cluster context [default: $KUBECONFIG, ~/.kube/config, else the
+    /// in-cluster configuration].
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context for the cluster context.
+    #[arg(long)]
+    pub context: Option<String>,
+    /// How long one review may wait for objects the cluster cache does not hold yet, in
+    /// milliseconds (one GET each, all at once).
+    #[arg(long, default_value_t = 500)]
+    pub cluster_fetch_timeout_ms: u64,
     /// Benchmarks only: answer every review with a constant "allowed" without reading it,
     /// over the same TLS and HTTP stack (the floor of benches/load.rs).
     #[arg(long, hide = true)]
     pub floor: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
 }
 
 #[derive(Args, Debug)]
@@ -130,6 +156,7 @@ pub fn main() -> i32 {
             }
         },
         Command::Review(a) => review::run(&a),
+        Command::Export(a) => export::run(&a),
         Command::Register(a) => {
             let result = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -211,6 +238,16 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         },
         reload_interval: Duration::from_millis(a.reload_interval_ms.max(10)),
         shutdown_delay: Duration::from_millis(a.shutdown_delay_ms),
+        cluster: match a.cluster_context {
+            Some(OnOff::On) => true,
+            Some(OnOff::Off) => false,
+            None => !a.dev,
+        }
+        .then(|| server::ClusterOptions {
+            kubeconfig: a.kubeconfig.clone(),
+            context: a.context.clone(),
+            fetch_timeout: Duration::from_millis(a.cluster_fetch_timeout_ms.max(1)),
+        }),
         drain_timeout: Duration::from_millis(a.drain_timeout_ms),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -8,8 +8,11 @@
 //! reviewed in (a DRA Job's file checked as it is, its claim template beside it). What the
 //! file does not hold does not exist, as far as the review knows.
 
+use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::Namespace;
 
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
@@ -60,6 +63,22 @@ pub struct ReviewArgs {
     /// For a Pod or workload input: a group of the requesting user (repeatable).
     #[arg(long = "group")]
     pub groups: Vec<String>,
+    /// The labels of the namespace the objects are reviewed in, for policy profiles that
+    /// match on them: `k=v,k2=v2` [default: those of a Namespace object in the input, if
+    /// any; `kubernetes.io/metadata.name` is always set, as the apiserver does].
+    #[arg(long, value_parser = parse_labels)]
+    pub namespace_labels: Option<BTreeMap<String, String>>,
+}
+
+fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?} is not key=value"))?;
+        out.insert(k.trim().to_owned(), v.trim().to_owned());
+    }
+    Ok(out)
 }
 
 #[derive(Debug)]
@@ -107,7 +126,11 @@ fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
     let input = split(documents(&input).map_err(unusable)?, &policy).map_err(unusable)?;
     let mut results = Vec::with_capacity(input.subjects.len());
     for subject in &input.subjects {
-        results.push(run_review(&policy, subject, a, &input.context).map_err(unusable)?);
+        let mut context = input.context.clone();
+        if let Some(labels) = &a.namespace_labels {
+            context.add_namespace(namespace_object(&namespace_of(subject, a), labels));
+        }
+        results.push(run_review(&policy, subject, a, &context).map_err(unusable)?);
     }
     let allowed = results.iter().all(|r| r.allowed);
     let text = match a.output {
@@ -156,6 +179,60 @@ pub fn documents(text: &str) -> Result<Vec<Value>, String> {
     Ok(out)
 }
 
+/// The namespace a subject is reviewed in: `--namespace`, else its own, else `default`.
+fn namespace_of(subject: &Value, a: &ReviewArgs) -> String {
+    let own = subject
+        .pointer("/request/namespace")
+        .or_else(|| subject.pointer("/metadata/namespace"))
+        .and_then(Value::as_str);
+    a.namespace
+        .as_deref()
+        .or(own)
+        .unwrap_or("default")
+        .to_owned()
+}
+
+/// A Namespace with `labels` and the name label the apiserver sets on every namespace.
+fn namespace_object(name: &str, labels: &BTreeMap<String, String>) -> Namespace {
+    let mut labels = labels.clone();
+    labels.insert(NAME_LABEL.into(), name.to_owned());
+    let mut ns = Namespace::default();
+    ns.metadata.name = Some(name.to_owned());
+    ns.metadata.labels = Some(labels);
+    ns
+}
+
+/// Adds `doc` to `context` if it is a context object (a ResourceClaim, ResourceClaimTemplate
+/// or Namespace); false if it is another kind. A Namespace gets the name label the
+/// apiserver sets on every namespace.
+pub fn add_context(context: &mut Objects, doc: &Value) -> Result<bool, serde_json::Error> {
+    let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
+    let api = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    match (kind, api) {
+        ("ResourceClaim", "resource.k8s.io/v1") => {
+            context.add_claim(serde_json::from_value(doc.clone())?)
+        }
+        ("ResourceClaimTemplate", "resource.k8s.io/v1") => {
+            context.add_template(serde_json::from_value(doc.clone())?)
+        }
+        ("Namespace", "v1") => {
+            let mut ns: Namespace = serde_json::from_value(doc.clone())?;
+            let name = ns.metadata.name.clone().unwrap_or_default();
+            ns.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .entry(NAME_LABEL.into())
+                .or_insert(name);
+            context.add_namespace(ns)
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Set by the apiserver on every namespace: selectors may rely on it.
+const NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
 /// An input's documents: what is reviewed, and the cluster context it is reviewed in.
 pub struct Input {
     pub subjects: Vec<Value>,
@@ -180,13 +257,7 @@ pub fn split(docs: Vec<Value>, policy: &Policy) -> Result<Input, String> {
         let bad = |e: serde_json::Error| format!("document {}: a {kind}: {e}", i + 1);
         match (kind.as_str(), api) {
             ("Pod" | "AdmissionReview", _) => input.subjects.push(d),
-            ("ResourceClaim", "resource.k8s.io/v1") => {
-                input.context.add_claim(serde_json::from_value(d).map_err(bad)?)
-            }
-            ("ResourceClaimTemplate", "resource.k8s.io/v1") => {
-                input.context.add_template(serde_json::from_value(d).map_err(bad)?)
-            }
-            ("Namespace", "v1") => input.context.add_namespace(serde_json::from_value(d).map_err(bad)?),
+            _ if add_context(&mut input.context, &d).map_err(bad)? => {}
             ("", _) => {
                 return Err(format!(
                     "document {}: no kind: expected a Pod, a workload or an AdmissionReview",
@@ -229,6 +300,8 @@ pub struct CliResult {
     pub namespace: String,
     pub name: String,
     pub steps: Vec<&'static str>,
+    /// The policy profile applied; None: the base policy.
+    pub profile: Option<String>,
     /// For a workload: its kind (`Job`), and what became of each of its pod templates.
     pub workload: Option<String>,
     pub templates: Vec<TemplateVerdict>,
@@ -243,6 +316,7 @@ impl CliResult {
                 "message": self.message,
                 "warnings": self.warnings,
                 "steps": self.steps,
+                "profile": self.profile,
                 "patch": self.patch,
                 "mutatedPod": self.mutated,
                 "mutateResponse": self.mutate_response,
@@ -263,6 +337,7 @@ impl CliResult {
             "templates": templates,
             "message": self.message,
             "warnings": self.warnings,
+            "profile": self.profile,
             "patch": self.patch,
             "mutatedObject": self.mutated,
             "mutateResponse": self.mutate_response,
@@ -281,8 +356,15 @@ impl CliResult {
             self.name,
             if self.allowed { "allowed" } else { "denied" }
         );
+        let mut notes = vec![];
+        if let Some(p) = &self.profile {
+            notes.push(format!("profile {p}"));
+        }
         if !self.steps.is_empty() {
-            out.push_str(&format!(" (mutated: {})", self.steps.join(", ")));
+            notes.push(format!("mutated: {}", self.steps.join(", ")));
+        }
+        if !notes.is_empty() {
+            out.push_str(&format!(" ({})", notes.join("; ")));
         }
         out.push('\n');
         for t in &self.templates {
@@ -364,6 +446,7 @@ pub fn run_review(
         namespace: String::new(),
         name: String::new(),
         steps: vec![],
+        profile: None,
         workload: None,
         templates: vec![],
     };
@@ -422,6 +505,7 @@ fn review_one(
 fn absorb(result: &mut CliResult, r: &Reviewed) {
     result.namespace = r.namespace.clone();
     result.name = r.name.clone();
+    result.profile.clone_from(&r.profile);
     result.workload = r.kind.clone();
     result
         .warnings

@@ -5,6 +5,10 @@
 //! memory) plus one bounded fetch for objects the memory does not hold yet, such as a
 //! claim template applied in the same `kubectl apply` as the Job whose pods use it.
 
+mod watch;
+
+pub use watch::{Options, Watched};
+
 use std::future::Future;
 use std::pin::Pin;
 
@@ -27,6 +31,32 @@ pub trait ClusterContext: Cluster + Send + Sync {
     fn synced(&self) -> bool {
         true
     }
+
+    /// Each cache's state, for metrics (none without watches).
+    fn status(&self) -> Vec<ResourceStatus> {
+        vec![]
+    }
+}
+
+/// How one cache of the context is doing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceStatus {
+    /// The plural resource, e.g. `resourceclaims`.
+    pub resource: &'static str,
+    /// Listed completely at least once.
+    pub synced: bool,
+    /// How far behind the cluster the cache may be: 0 while its watch is current, else the
+    /// seconds since it started failing (or since start, before the first sync).
+    pub age_seconds: i64,
+    /// Unix seconds of the last complete list (0: none yet).
+    pub last_sync: i64,
+    /// Watch failures, each followed by a retry with backoff.
+    pub restarts: u64,
+    pub objects: u64,
+    /// GETs of objects the cache did not hold: found, absent (404), failed or timed out.
+    pub fetched_found: u64,
+    pub fetched_absent: u64,
+    pub fetched_failed: u64,
 }
 
 /// `--cluster-context off`: nothing known, nothing fetched.

@@ -31,7 +31,8 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
-use crate::cluster::ClusterContext;
+use crate::cluster::{ClusterContext, Options as WatchOptions, Watched};
+use crate::kubeconfig::{load_client_config, KubeconfigSources};
 use crate::metrics::Metrics;
 use crate::tls::CertStore;
 use conn::Connections;
@@ -147,6 +148,16 @@ pub struct ServeOptions {
     pub shutdown_delay: Duration,
     /// After that, how long in-flight requests get before the server exits anyway.
     pub drain_timeout: Duration,
+    /// The cluster context (`--cluster-context on`); None: off.
+    pub cluster: Option<ClusterOptions>,
+}
+
+/// Where the cluster context watches, and how long a review may wait for what it lacks.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub kubeconfig: Option<PathBuf>,
+    pub context: Option<String>,
+    pub fetch_timeout: Duration,
 }
 
 /// A running server: its addresses and a handle to stop it.
@@ -185,17 +196,42 @@ pub async fn start_floor(opts: ServeOptions) -> anyhow::Result<Running> {
     start_with(opts, floor_router).await
 }
 
+/// What `--cluster-context off` gets to do without: say what to do instead.
+const NO_CLUSTER: &str = "the cluster context needs the API server: run in a cluster, set \
+                          KUBECONFIG or pass --kubeconfig, or pass --cluster-context off";
+
+/// The cluster context: watches of the API server, or nothing.
+async fn cluster_context(opts: Option<&ClusterOptions>) -> anyhow::Result<Arc<dyn ClusterContext>> {
+    let Some(o) = opts else {
+        return Ok(Arc::new(Offline));
+    };
+    let sources = KubeconfigSources::from_process_env(o.kubeconfig.clone());
+    let config = load_client_config(&sources, o.context.as_deref(), NO_CLUSTER).await?;
+    let url = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config)
+        .map_err(|e| anyhow::anyhow!("creating a client for the API server at {url}: {e}"))?;
+    info!(apiserver = %url, "cluster context: watching resourceclaims, resourceclaimtemplates and namespaces");
+    Ok(Arc::new(Watched::start(
+        client,
+        WatchOptions {
+            fetch_timeout: o.fetch_timeout,
+        },
+    )))
+}
+
 /// Binds the sockets and serves `app(state)` behind TLS in the background.
 async fn start_with(
     opts: ServeOptions,
     app: fn(Arc<AppState>) -> Router,
 ) -> anyhow::Result<Running> {
-    let (active, policy_bytes) =
-        reload::initial_policy(opts.policy_path.as_deref()).map_err(anyhow::Error::msg)?;
+    let context_on = opts.cluster.is_some();
+    let (active, policy_bytes) = reload::initial_policy(opts.policy_path.as_deref(), context_on)
+        .map_err(anyhow::Error::msg)?;
     let certs = Arc::new(CertStore::open(&opts.cert_path, &opts.key_path)?);
     let tls = crate::tls::server_config(certs.clone(), opts.client_ca.as_deref())?;
     let acceptor = TlsAcceptor::from(Arc::new(tls));
-    let state = AppState::new(active, opts.limits.clone());
+    let cluster = cluster_context(opts.cluster.as_ref()).await?;
+    let state = AppState::with_cluster(active, opts.limits.clone(), cluster);
     state.metrics.cert_expiry.set(certs.not_after());
 
     let listener = TcpListener::bind(opts.listen)
@@ -253,9 +289,9 @@ async fn run(
 ) {
     let reloader = tokio::spawn(reload::reload_loop(
         opts.clone(),
-        opts.policy_path
-            .is_some()
-            .then(|| reload::PolicyWatch::new(policy_bytes)),
+        opts.policy_path.is_some().then(|| {
+            reload::PolicyWatch::new(policy_bytes).with_cluster_context(opts.cluster.is_some())
+        }),
         state.clone(),
         certs,
         stop.clone(),

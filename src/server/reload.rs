@@ -22,11 +22,16 @@ pub fn load_policy(path: &Path) -> Result<ActivePolicy, String> {
 
 /// The policy to start with: the file given, or the built-in policy, and the bytes to
 /// judge the file's changes against.
-pub(super) fn initial_policy(path: Option<&Path>) -> Result<(ActivePolicy, Vec<u8>), String> {
+pub(super) fn initial_policy(
+    path: Option<&Path>,
+    context_on: bool,
+) -> Result<(ActivePolicy, Vec<u8>), String> {
     match path {
         Some(path) => {
             let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            Ok((policy_from_bytes(path, &bytes)?, bytes))
+            let active = policy_from_bytes(path, &bytes)?;
+            fits_context(path, &active.policy, context_on)?;
+            Ok((active, bytes))
         }
         None => {
             let text = policy::BUILTIN_TEXT;
@@ -37,6 +42,18 @@ pub(super) fn initial_policy(path: Option<&Path>) -> Result<(ActivePolicy, Vec<u
                 text.as_bytes().to_vec(),
             ))
         }
+    }
+}
+
+/// A policy whose profiles match on namespace labels needs the cluster context, the only
+/// place those labels come from: refused at load rather than never matching.
+fn fits_context(path: &Path, policy: &Policy, context_on: bool) -> Result<(), String> {
+    match policy.needs_namespace_labels() {
+        Some(profile) if !context_on => Err(format!(
+            "{}: profile {profile:?} matches on namespace labels (match.namespaceSelector), which tollgate only knows with its cluster context; drop --cluster-context off, or match on namespaces by name",
+            path.display()
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -70,6 +87,8 @@ pub(super) struct PolicyWatch {
     rejected: Option<Vec<u8>>,
     /// The read error last reported (a missing file, say), for the same reason.
     unreadable: Option<String>,
+    /// Whether the server runs with its cluster context (see [`fits_context`]).
+    context_on: bool,
 }
 
 impl PolicyWatch {
@@ -78,7 +97,14 @@ impl PolicyWatch {
             in_force,
             rejected: None,
             unreadable: None,
+            context_on: true,
         }
+    }
+
+    /// The same watch, for a server with its cluster context on or off.
+    pub(super) fn with_cluster_context(mut self, on: bool) -> Self {
+        self.context_on = on;
+        self
     }
 
     fn poll(&mut self, path: &Path, read: std::io::Result<Vec<u8>>) -> PolicyPoll {
@@ -102,7 +128,9 @@ impl PolicyWatch {
         if self.rejected.as_deref() == Some(bytes.as_slice()) {
             return PolicyPoll::Unchanged;
         }
-        match policy_from_bytes(path, &bytes) {
+        let loaded = policy_from_bytes(path, &bytes)
+            .and_then(|p| fits_context(path, &p.policy, self.context_on).map(|()| p));
+        match loaded {
             Ok(p) => {
                 self.in_force = bytes;
                 self.rejected = None;

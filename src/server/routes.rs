@@ -56,7 +56,10 @@ pub fn metrics_router(state: Arc<AppState>) -> Router {
                             header::CONTENT_TYPE,
                             "application/openmetrics-text; version=1.0.0; charset=utf-8",
                         )],
-                        s.metrics.encode(),
+                        {
+                            s.metrics.observe_cluster(&s.cluster.status());
+                            s.metrics.encode()
+                        },
                     )
                         .into_response()
                 },
@@ -111,14 +114,29 @@ async fn readyz(State(s): State<Arc<AppState>>, method: Method) -> Response {
     if method != Method::GET && method != Method::HEAD {
         return wrong_method(&method, "GET");
     }
-    if s.ready.load(Ordering::Relaxed) {
-        text(
-            StatusCode::OK,
-            format!("ready: policy {}\n", s.policy.load().hash),
-        )
-    } else {
-        text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    if !s.ready.load(Ordering::Relaxed) {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n");
     }
+    if !s.cluster.synced() {
+        let waiting: Vec<&str> = s
+            .cluster
+            .status()
+            .iter()
+            .filter(|r| !r.synced)
+            .map(|r| r.resource)
+            .collect();
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready: the cluster context has not listed {} yet\n",
+                waiting.join(", ")
+            ),
+        );
+    }
+    text(
+        StatusCode::OK,
+        format!("ready: policy {}\n", s.policy.load().hash),
+    )
 }
 
 async fn mutate(State(s): State<Arc<AppState>>, req: Request) -> Response {

@@ -7,6 +7,17 @@ use std::sync::Arc;
 use tollgate::server::{ActivePolicy, AppState, Limits};
 use tollgate_core::policy::Policy;
 
+/// A pod with no resources at all, which validation refuses.
+pub const NOTEBOOK: &str = "apiVersion: v1
+kind: Pod
+metadata:
+  name: notebook
+spec:
+  containers:
+    - name: jupyter
+      image: jupyter
+";
+
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -92,6 +103,7 @@ pub mod net {
             cert_path: dir.join("tls.crt"),
             key_path: dir.join("tls.key"),
             client_ca: None,
+            cluster: None,
             limits: Limits::default(),
             reload_interval: Duration::from_millis(50),
             shutdown_delay: Duration::ZERO,
@@ -405,6 +417,10 @@ pub mod process {
             .stderr(Stdio::piped());
         if !extra.contains(&"--metrics-listen") {
             cmd.args(["--metrics-listen", "off"]);
+        }
+        // No API server runs here; tests that want the cluster context pass their own.
+        if !extra.contains(&"--cluster-context") {
+            cmd.args(["--cluster-context", "off"]);
         }
         let mut child = cmd.spawn().expect("starting tollgate serve");
         let stderr = child.stderr.take().unwrap();

@@ -8,18 +8,20 @@
 //! checks it):
 //!
 //! 0. `testdata`: the unit tests' fixtures.
-//! 1. `glob`, `quantity`, `requester`, `diff`, `cluster`, `template_path`: leaves.
+//! 1. `glob`, `quantity`, `requester`, `diff`, `cluster`, `words`, `template_path`: leaves.
 //! 2. `policy`: the policy's types and loading from text.
 //! 3. `pod`: read helpers over a typed Pod.
 //! 4. `gpu`, `optout`, `check`, `parse`, `profile`.
 //! 5. `mutate` (one module per step), `validate`.
-//! 6. `workload`: a workload's pod templates judged as the pods they will make.
+//! 6. `workload`: a workload's pod templates judged as the pods they will make. `export`:
+//!    the validation half of a policy as a ValidatingAdmissionPolicy (YAML text).
 //! 7. `review`: an AdmissionReview in, an AdmissionReview out.
 #![forbid(unsafe_code)]
 
 pub mod check;
 pub mod cluster;
 pub mod diff;
+pub mod export;
 pub mod glob;
 pub mod gpu;
 pub mod mutate;
@@ -33,6 +35,7 @@ pub mod requester;
 pub mod review;
 pub mod template_path;
 pub mod validate;
+pub mod words;
 pub mod workload;
 
 #[cfg(test)]

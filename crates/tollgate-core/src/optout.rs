@@ -19,6 +19,25 @@ use crate::glob;
 use crate::pod::is_true;
 use crate::policy::Policy;
 use crate::requester::Requester;
+use crate::words::{quote, Template};
+
+/// Why an opt-out is refused, in the user's words (`export` writes the same in CEL).
+pub const NOT_IN_NAMESPACE: Template =
+    Template("opting out with {annotation} is not permitted in namespace {namespace}");
+pub const NOT_FOR_USER: Template =
+    Template("opting out with {annotation} is not permitted for {user} in namespace {namespace}");
+/// A controller's pod whose template tollgate did not approve.
+pub const NOT_APPROVED: Template = Template(
+    "opting out with {annotation} is not permitted for a pod that {controller} makes from a template tollgate did not approve (it carries no {approval})",
+);
+/// A controller asking for itself: its pods' opt-out is its workload's.
+pub const AT_THE_WORKLOAD: Template = Template(
+    "opting out with {annotation} is judged at the workload for pods that {controller} makes",
+);
+/// The audit annotation's value for an honoured opt-out.
+pub const AUDIT_NOTE: Template = Template("honoured for user {user} in namespace {namespace}");
+/// What a controller's pod's audit annotation adds: whom the opt-out was approved for.
+pub const APPROVED_FOR: Template = Template("{note}, approved at the workload for user {by}");
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OptOut {
@@ -46,15 +65,17 @@ pub fn decide_for(
         return OptOut::NotRequested;
     }
     if is_controller(policy, who.username) {
+        // The namespace first, as for anyone: the place rules before the approval.
+        if let Err(why) = in_namespace(policy, who) {
+            return OptOut::Refused(why);
+        }
         return match approval(policy, annotations) {
-            Some(_) => match in_namespace(policy, who) {
-                Ok(()) => OptOut::Honoured,
-                Err(why) => OptOut::Refused(why),
-            },
-            None => OptOut::Refused(format!(
-                "opting out with {} is not permitted for a pod that {} makes from a template tollgate did not approve (it carries no {})",
-                rule.annotation, who.username, rule.approval_annotation
-            )),
+            Some(_) => OptOut::Honoured,
+            None => OptOut::Refused(NOT_APPROVED.fill(&[
+                ("annotation", &rule.annotation),
+                ("controller", who.username),
+                ("approval", &rule.approval_annotation),
+            ])),
         };
     }
     match permitted(policy, who) {
@@ -83,10 +104,10 @@ pub fn approval<'a>(
 
 /// The audit annotation's value for an honoured opt-out: who, and where.
 pub fn audit_note(who: &Requester<'_>) -> String {
-    format!(
-        "honoured for user {:?} in namespace {:?}",
-        who.username, who.namespace
-    )
+    AUDIT_NOTE.fill(&[
+        ("user", &quote(who.username)),
+        ("namespace", &quote(who.namespace)),
+    ])
 }
 
 /// [`audit_note`] for a pod with these annotations: a controller's pod also names whom
@@ -97,10 +118,7 @@ pub fn audit_note_for(
     who: &Requester<'_>,
 ) -> String {
     match approval(policy, annotations).filter(|_| is_controller(policy, who.username)) {
-        Some(by) => format!(
-            "{}, approved at the workload for user {by:?}",
-            audit_note(who)
-        ),
+        Some(by) => APPROVED_FOR.fill(&[("note", &audit_note(who)), ("by", &quote(by))]),
         None => audit_note(who),
     }
 }
@@ -110,10 +128,10 @@ fn in_namespace(policy: &Policy, who: &Requester<'_>) -> Result<(), String> {
     if glob::any(&rule.namespaces, who.namespace) {
         Ok(())
     } else {
-        Err(format!(
-            "opting out with {} is not permitted in namespace {:?}",
-            rule.annotation, who.namespace
-        ))
+        Err(NOT_IN_NAMESPACE.fill(&[
+            ("annotation", &rule.annotation),
+            ("namespace", &quote(who.namespace)),
+        ]))
     }
 }
 
@@ -124,10 +142,10 @@ pub fn permitted(policy: &Policy, who: &Requester<'_>) -> Result<(), String> {
     let rule = &policy.opt_out;
     in_namespace(policy, who)?;
     if is_controller(policy, who.username) {
-        return Err(format!(
-            "opting out with {} is judged at the workload for pods that {} makes",
-            rule.annotation, who.username
-        ));
+        return Err(AT_THE_WORKLOAD.fill(&[
+            ("annotation", &rule.annotation),
+            ("controller", who.username),
+        ]));
     }
     let anyone = rule.users.is_empty() && rule.groups.is_empty();
     let by_user = glob::any(&rule.users, who.username);
@@ -135,10 +153,11 @@ pub fn permitted(policy: &Policy, who: &Requester<'_>) -> Result<(), String> {
     if anyone || by_user || by_group {
         Ok(())
     } else {
-        Err(format!(
-            "opting out with {} is not permitted for {:?} in namespace {:?}",
-            rule.annotation, who.username, who.namespace
-        ))
+        Err(NOT_FOR_USER.fill(&[
+            ("annotation", &rule.annotation),
+            ("user", &quote(who.username)),
+            ("namespace", &quote(who.namespace)),
+        ]))
     }
 }
 

@@ -31,11 +31,14 @@ pub enum Shape {
     /// Everything but `metadata.managedFields` (and `oldObject`): what mutation needs to
     /// compute a patch over the spec.
     Full,
-    /// Of the metadata, the name, generateName, namespace, labels and annotations; of the spec, the
+    /// Of the metadata, the name, generateName, namespace and annotations; of the spec, the
     /// containers' names, requests, limits and restart policies and the pod-level
     /// resources: what validation and the opt-out read. Everything else stays at its
     /// default.
     Validation,
+    /// [`Shape::Validation`] and the pod's labels, for policy profiles that select pods by
+    /// them.
+    LabelledValidation,
 }
 
 /// The request of an `admission.k8s.io/v1` AdmissionReview of a Pod, read in `shape`; None
@@ -44,6 +47,7 @@ pub fn request(body: &[u8], shape: Shape) -> Option<AdmissionRequest<Pod>> {
     match shape {
         Shape::Full => read::<Meta, PodSpec, PodStatus>(body),
         Shape::Validation => read::<ValidationMeta, ValidationSpec, Skipped>(body),
+        Shape::LabelledValidation => read::<LabelledMeta, ValidationSpec, Skipped>(body),
     }
 }
 
@@ -290,11 +294,34 @@ impl From<Meta> for ObjectMeta {
     }
 }
 
-/// What validation reads of ObjectMeta: the opt-out annotation, the name it shows, and the
-/// labels policy profiles match on.
+/// What validation reads of ObjectMeta: the opt-out annotation and the name it shows.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ValidationMeta {
+    annotations: Option<BTreeMap<String, String>>,
+    generate_name: Option<String>,
+    name: Option<String>,
+    namespace: Option<String>,
+}
+
+impl From<ValidationMeta> for ObjectMeta {
+    fn from(m: ValidationMeta) -> ObjectMeta {
+        ObjectMeta {
+            annotations: m.annotations,
+            generate_name: m.generate_name,
+            name: m.name,
+            namespace: m.namespace,
+            ..Default::default()
+        }
+    }
+}
+
+/// [`ValidationMeta`] and the labels, which only pod-selecting profiles read: a pod's labels
+/// are most of its metadata, and skipping them unread costs less than building them.
+/// (Its fields written out: `#[serde(flatten)]` would buffer the whole metadata.)
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LabelledMeta {
     annotations: Option<BTreeMap<String, String>>,
     generate_name: Option<String>,
     labels: Option<BTreeMap<String, String>>,
@@ -302,8 +329,8 @@ struct ValidationMeta {
     namespace: Option<String>,
 }
 
-impl From<ValidationMeta> for ObjectMeta {
-    fn from(m: ValidationMeta) -> ObjectMeta {
+impl From<LabelledMeta> for ObjectMeta {
+    fn from(m: LabelledMeta) -> ObjectMeta {
         ObjectMeta {
             annotations: m.annotations,
             generate_name: m.generate_name,
@@ -457,7 +484,11 @@ mod tests {
                 "{name}"
             );
             assert_eq!(got.metadata.name, want.metadata.name, "{name}");
-            assert_eq!(got.metadata.labels, want.metadata.labels, "{name}");
+            let labelled = request(&body, Shape::LabelledValidation).unwrap();
+            let labelled = labelled.object.unwrap().metadata;
+            assert_eq!(labelled.labels, want.metadata.labels, "{name}");
+            assert_eq!(labelled.annotations, want.metadata.annotations, "{name}");
+            assert!(got.metadata.labels.is_none(), "{name}");
             assert_eq!(got.metadata.generate_name, want.metadata.generate_name);
             let (ws, gs) = (want.spec.unwrap(), got.spec.unwrap());
             assert_eq!(gs.resources, ws.resources, "{name}");
@@ -504,7 +535,7 @@ mod tests {
             let mut doc = v.clone();
             *doc.pointer_mut(path).unwrap() = value.clone();
             let body = serde_json::to_vec(&doc).unwrap();
-            for shape in [Shape::Full, Shape::Validation] {
+            for shape in [Shape::Full, Shape::Validation, Shape::LabelledValidation] {
                 assert!(request(&body, shape).is_none(), "{path} = {value}");
             }
         }

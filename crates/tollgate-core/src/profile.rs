@@ -6,7 +6,9 @@
 //! that never matches on namespace labels never asks for one.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::cluster::{Cluster, Kind, Lookup, ObjectKey};
@@ -41,7 +43,7 @@ pub fn select<'p>(
     let empty = BTreeMap::new();
     let labels = labels.unwrap_or(&empty);
     // Looked up at most once, and only if a profile needs it.
-    let mut namespace_labels: Option<Lookup<BTreeMap<String, String>>> = None;
+    let mut namespace_labels: Option<Lookup<Arc<Namespace>>> = None;
     for p in &policy.profiles {
         let Some(resolved) = p.policy() else { continue };
         match fits(p, namespace, labels, &mut namespace_labels, cluster) {
@@ -81,7 +83,7 @@ fn fits(
     p: &Profile,
     namespace: &str,
     labels: &BTreeMap<String, String>,
-    namespace_labels: &mut Option<Lookup<BTreeMap<String, String>>>,
+    namespace_labels: &mut Option<Lookup<Arc<Namespace>>>,
     cluster: &dyn Cluster,
 ) -> Fit {
     let m = &p.matches;
@@ -96,13 +98,11 @@ fn fits(
     let Some(s) = &m.namespace_selector else {
         return Fit::Yes;
     };
-    let looked_up = namespace_labels.get_or_insert_with(|| {
-        cluster
-            .namespace(namespace)
-            .map(|n| n.metadata.labels.clone().unwrap_or_default())
-    });
+    let looked_up = namespace_labels.get_or_insert_with(|| cluster.namespace(namespace));
     match looked_up {
-        Lookup::Found(l) if selects(s, l) => Fit::Yes,
+        Lookup::Found(n) if selects(s, n.metadata.labels.as_ref().unwrap_or(&BTreeMap::new())) => {
+            Fit::Yes
+        }
         Lookup::Found(_) => Fit::No,
         // A namespace that does not exist has no labels; only "does not exist" selectors
         // could hold, and a pod cannot be created there anyway.
@@ -138,7 +138,6 @@ pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> b
 mod tests {
     use super::*;
     use crate::cluster::Objects;
-    use k8s_openapi::api::core::v1::Namespace;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

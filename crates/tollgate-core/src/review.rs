@@ -175,6 +175,7 @@ pub fn review_bytes_with(
     }
     let shape = match endpoint {
         Endpoint::Mutate => parse::Shape::Full,
+        Endpoint::Validate if policy.selects_pods_by_labels() => parse::Shape::LabelledValidation,
         Endpoint::Validate => parse::Shape::Validation,
     };
     if let Some(req) = parse::request(body, shape) {

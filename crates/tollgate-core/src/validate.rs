@@ -5,7 +5,6 @@
 //! module judges the pod exactly as it was sent.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -13,6 +12,65 @@ use crate::optout::{self, OptOut};
 use crate::pod::{containers, display_name};
 use crate::policy::{Mode, Operation, Policy};
 use crate::requester::Requester;
+use crate::words::{join_words, quote, Template};
+
+// The words of every message validation writes. `export` fills the same templates with
+// CEL, so that a ValidatingAdmissionPolicy says exactly what the webhook says.
+
+/// The denial's first line.
+pub const HEADLINE: Template =
+    Template("pod {pod} must request {required} for every container, and some do not:");
+/// One line per container that lacks requests.
+pub const CONTAINER_LINE: Template =
+    Template("  - {noun} {container} has no request for {resources}");
+/// The fix-it lines after the containers, before the example amounts.
+pub const FIX_LINES: [&str; 3] = [
+    "Fix: add requests sized for your workload to each container listed, for example:",
+    "    resources:",
+    "      requests:",
+];
+/// One example amount, for each required resource that is missing somewhere.
+pub const EXAMPLE_LINE: Template = Template("        {resource}: {amount}");
+/// The last line when the pod asked to opt out and may not.
+pub const REFUSED_LINE: Template =
+    Template("This pod asks to opt out, but {why}; ask your platform team.");
+/// The last line when the pod did not ask and could.
+pub const OFFER_LINE: Template =
+    Template("Or, to skip this check for this pod, add the annotation {annotation}: \"true\".");
+/// Warn mode: one warning per container, then [`WARN_FIX`].
+pub const WARN_CONTAINER: Template = Template(
+    "tollgate: {noun} {container} has no {resources} request; such pods will be refused once enforcement starts",
+);
+/// Between the resources of one container in a warning.
+pub const WARN_OR: &str = " or ";
+pub const WARN_FIX: Template =
+    Template("tollgate: add resources.requests ({required}) to each container listed");
+/// Between the required resources in [`WARN_FIX`].
+pub const WARN_FIX_SEPARATOR: &str = ", ";
+/// The audit annotation of an honoured opt-out, and of missing requests in warn and audit mode.
+pub const OPT_OUT_AUDIT_KEY: &str = "opt-out";
+pub const MISSING_AUDIT_KEY: &str = "missing-requests";
+/// One container in the missing-requests audit annotation.
+pub const SUMMARY_ENTRY: Template = Template("{noun} {container}: {resources}");
+/// Between the resources of one container, and between containers, in that annotation.
+pub const SUMMARY_RESOURCE_SEPARATOR: &str = ",";
+pub const SUMMARY_SEPARATOR: &str = "; ";
+/// The warning of an honoured opt-out.
+pub const OPTED_OUT_WARNING: Template = Template(
+    "tollgate: pod {pod} opted out ({annotation}); its resource requests were not checked",
+);
+/// A workload's denial: the first line, a container line led by its template, the
+/// opt-out lines (for the pod template rather than for this pod).
+pub const WORKLOAD_HEADLINE: Template = Template(
+    "{workload} must request {required} for every container of its pods, and some do not:",
+);
+pub const TEMPLATE_CONTAINER_LINE: Template =
+    Template("  - {template}: {noun} {container} has no request for {resources}");
+pub const TEMPLATE_REFUSED_LINE: Template =
+    Template("The pod template{of} asks to opt out, but {why}; ask your platform team.");
+pub const TEMPLATE_OFFER_LINE: Template = Template(
+    "Or, to skip this check for these pods, add the annotation {annotation}: \"true\" to the pod template's metadata.annotations.",
+);
 
 /// What the validation decided, with everything the response and the logs need.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,12 +188,12 @@ pub fn judge(policy: &Policy, pod: &Pod, who: &Requester<'_>, opt_out: OptOut) -
     let name = display_name(pod);
     if opt_out == OptOut::Honoured {
         let mut d = Decision::allow(Verdict::OptedOut);
-        d.warnings.push(format!(
-            "tollgate: pod {name:?} opted out ({}); its resource requests were not checked",
-            policy.opt_out.annotation
-        ));
+        d.warnings.push(OPTED_OUT_WARNING.fill(&[
+            ("pod", &quote(&name)),
+            ("annotation", &policy.opt_out.annotation),
+        ]));
         d.audit_annotations.insert(
-            "opt-out".into(),
+            OPT_OUT_AUDIT_KEY.into(),
             optout::audit_note_for(policy, pod.metadata.annotations.as_ref(), who),
         );
         d.opt_out = Some(opt_out);
@@ -153,8 +211,8 @@ pub fn judge(policy: &Policy, pod: &Pod, who: &Requester<'_>, opt_out: OptOut) -
             allowed: false,
             message: Some(denial_message(
                 policy,
-                &format!("pod {name:?}"),
-                false,
+                &quote(&name),
+                None,
                 &[Part {
                     template: None,
                     missing: &missing,
@@ -170,15 +228,27 @@ pub fn judge(policy: &Policy, pod: &Pod, who: &Requester<'_>, opt_out: OptOut) -
         },
         Mode::Warn => {
             let mut d = Decision::allow(Verdict::MissingRequests);
-            d.warnings = warn_findings(policy, &missing);
+            d.warnings = missing
+                .iter()
+                .map(|m| {
+                    WARN_CONTAINER.fill(&[
+                        ("noun", m.noun),
+                        ("container", &quote(&m.container)),
+                        ("resources", &m.resources.join(WARN_OR)),
+                    ])
+                })
+                .collect();
+            d.warnings.push(
+                WARN_FIX.fill(&[("required", &rule.required_requests.join(WARN_FIX_SEPARATOR))]),
+            );
             d.audit_annotations
-                .insert("missing-requests".into(), summary);
+                .insert(MISSING_AUDIT_KEY.into(), summary);
             d
         }
         Mode::Audit => {
             let mut d = Decision::allow(Verdict::MissingRequests);
             d.audit_annotations
-                .insert("missing-requests".into(), summary);
+                .insert(MISSING_AUDIT_KEY.into(), summary);
             d
         }
     };
@@ -187,33 +257,19 @@ pub fn judge(policy: &Policy, pod: &Pod, who: &Requester<'_>, opt_out: OptOut) -
     d
 }
 
-/// The audit annotation's value for missing requests: `container a: cpu,memory; ...`.
+/// The missing-requests audit annotation's value: `container a: cpu,memory; ...`.
 pub fn summary(missing: &[Missing]) -> String {
     missing
         .iter()
-        .map(|m| format!("{} {}: {}", m.noun, m.container, m.resources.join(",")))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-/// The findings as `warn` mode reports them.
-fn warn_findings(policy: &Policy, missing: &[Missing]) -> Vec<String> {
-    let mut out: Vec<String> = missing
-        .iter()
         .map(|m| {
-            format!(
-                "tollgate: {} {:?} has no {} request; such pods will be refused once enforcement starts",
-                m.noun,
-                m.container,
-                m.resources.join(" or ")
-            )
+            SUMMARY_ENTRY.fill(&[
+                ("noun", m.noun),
+                ("container", &m.container),
+                ("resources", &m.resources.join(SUMMARY_RESOURCE_SEPARATOR)),
+            ])
         })
-        .collect();
-    out.push(format!(
-        "tollgate: add resources.requests ({}) to each container listed",
-        policy.validation.required_requests.join(", ")
-    ));
-    out
+        .collect::<Vec<_>>()
+        .join(SUMMARY_SEPARATOR)
 }
 
 /// One part of a denial: the containers of a pod, or of one pod template of a workload.
@@ -227,103 +283,81 @@ pub struct Part<'a> {
 }
 
 /// The text kubectl prints after "denied the request: ", for a data scientist to act on.
-/// `subject` is what was refused: `pod "notebook"`, or a `workload` (`job "train"`),
-/// whose parts are its templates.
+/// For a pod, `name` is its quoted name and `workload` None; for a workload (`job
+/// "train"`) the parts are its templates.
 pub fn denial_message(
     policy: &Policy,
-    subject: &str,
-    workload: bool,
+    name: &str,
+    workload: Option<&str>,
     parts: &[Part<'_>],
     who: &Requester<'_>,
 ) -> String {
     let required = &policy.validation.required_requests;
-    let mut m = format!(
-        "{subject} must request {} for every container{}, and some do not:\n",
-        join_words(required),
-        if workload { " of its pods" } else { "" }
-    );
+    let mut lines = vec![match workload {
+        None => HEADLINE.fill(&[("pod", name), ("required", &join_words(required))]),
+        Some(w) => WORKLOAD_HEADLINE.fill(&[("workload", w), ("required", &join_words(required))]),
+    }];
     for part in parts {
-        let lead = part.template.map(|t| format!("{t}: ")).unwrap_or_default();
         for x in part.missing {
-            let _ = writeln!(
-                m,
-                "  - {lead}{} {:?} has no request for {}",
-                x.noun,
-                x.container,
-                join_words(&x.resources)
-            );
+            let resources = join_words(&x.resources);
+            let container = quote(&x.container);
+            let mut holes = vec![
+                ("noun", x.noun),
+                ("container", container.as_str()),
+                ("resources", resources.as_str()),
+            ];
+            lines.push(match part.template {
+                Some(t) => {
+                    holes.push(("template", t));
+                    TEMPLATE_CONTAINER_LINE.fill(&holes)
+                }
+                None => CONTAINER_LINE.fill(&holes),
+            });
         }
     }
-    m.push_str(
-        "Fix: add requests sized for your workload to each container listed, for example:\n",
-    );
-    m.push_str("    resources:\n      requests:\n");
+    lines.extend(FIX_LINES.iter().map(|l| (*l).to_owned()));
     // Only what is missing somewhere, in the policy's order: the lines a user has to add.
     for r in required.iter().filter(|r| {
         parts
             .iter()
             .any(|p| p.missing.iter().any(|x| x.resources.contains(r)))
     }) {
-        let _ = writeln!(m, "        {r}: {}", example_amount(r));
+        lines.push(EXAMPLE_LINE.fill(&[("resource", r), ("amount", example_amount(r))]));
     }
     let annotation = &policy.opt_out.annotation;
     let mut offered = false;
     for part in parts {
         match part.opt_out {
-            OptOut::Refused(why) if workload => {
-                let which = match part.template {
-                    Some(t) => format!("The pod template of {t}"),
-                    None => "The pod template".to_owned(),
-                };
-                let _ = writeln!(
-                    m,
-                    "{which} asks to opt out, but {why}; ask your platform team."
-                );
+            OptOut::Refused(why) if workload.is_some() => {
+                let of = part
+                    .template
+                    .map(|t| format!(" of {t}"))
+                    .unwrap_or_default();
+                lines.push(TEMPLATE_REFUSED_LINE.fill(&[("of", &of), ("why", why)]));
             }
-            OptOut::Refused(why) => {
-                let _ = write!(
-                    m,
-                    "This pod asks to opt out, but {why}; ask your platform team."
-                );
-            }
+            OptOut::Refused(why) => lines.push(REFUSED_LINE.fill(&[("why", why)])),
             // Offered only where it would be honoured: pointing at a door that is locked
             // for this user helps nobody.
             _ if !offered && optout::permitted(policy, who).is_ok() => {
                 offered = true;
-                if workload {
-                    let _ = writeln!(
-                        m,
-                        "Or, to skip this check for these pods, add the annotation {annotation}: \"true\" to the pod template's metadata.annotations."
-                    );
-                } else {
-                    let _ = write!(
-                        m,
-                        "Or, to skip this check for this pod, add the annotation {annotation}: \"true\"."
-                    );
-                }
+                let offer = match workload {
+                    None => OFFER_LINE,
+                    Some(_) => TEMPLATE_OFFER_LINE,
+                };
+                lines.push(offer.fill(&[("annotation", annotation)]));
             }
             _ => {}
         }
     }
-    while m.ends_with('\n') {
-        m.pop();
-    }
-    m
+    lines.join("\n")
 }
 
-fn example_amount(resource: &str) -> &'static str {
+/// The amount the fix-it lines suggest for a resource.
+pub fn example_amount(resource: &str) -> &'static str {
     match resource {
         "cpu" => "\"1\"",
         "memory" => "2Gi",
         "ephemeral-storage" => "1Gi",
         _ => "\"1\"",
-    }
-}
-
-fn join_words(items: &[String]) -> String {
-    match items {
-        [] => String::new(),
-        [one] => one.clone(),
-        [init @ .., last] => format!("{} and {last}", init.join(", ")),
     }
 }

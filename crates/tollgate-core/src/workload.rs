@@ -666,7 +666,13 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
                 opt_out: &f.opt_out,
             })
             .collect();
-        message.push(validate::denial_message(p, &subject, true, &parts, &w.who));
+        message.push(validate::denial_message(
+            p,
+            "",
+            Some(&subject),
+            &parts,
+            &w.who,
+        ));
     }
     if !message.is_empty() {
         out.allowed = false;

@@ -1,0 +1,363 @@
+//! The server's cluster context against the in-process apiserver stand-in: the same code a
+//! cluster runs (kube's client, watcher and reflector; real TLS to the webhook), over the
+//! protocol the stand-in holds to (pages, watches, bookmarks, 410s, faults).
+
+#[path = "support/apiserver.rs"]
+mod apiserver;
+mod common;
+
+use std::time::{Duration, Instant};
+
+use apiserver::{ApiServer, Fault, Verb};
+use common::net::{self, Client, TestServer};
+use serde_json::{json, Value};
+use tollgate::server::ClusterOptions;
+
+const NS: &str = "ml-cap2-1796114155";
+
+fn template(name: &str, device_class: &str, count: u32) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpus", "exactly": {"deviceClassName": device_class, "count": count}}
+        ]}}}
+    })
+}
+
+/// The dra-trainer pod (its claim names the template `two-gpus`), with another template.
+fn dra_review(template_name: &str, uid: &str) -> Vec<u8> {
+    let mut v: Value = serde_json::from_slice(&common::fixture("dra-trainer.mutate.json")).unwrap();
+    v["request"]["uid"] = json!(uid);
+    v["request"]["object"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] =
+        json!(template_name);
+    serde_json::to_vec(&v).unwrap()
+}
+
+async fn server_against(
+    api: &ApiServer,
+    tweak: impl FnOnce(&mut tollgate::server::ServeOptions),
+) -> TestServer {
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    api.write_kubeconfig(kubeconfig.path()).unwrap();
+    let path = kubeconfig.into_temp_path().keep().unwrap();
+    net::start(|o| {
+        o.cluster = Some(ClusterOptions {
+            kubeconfig: Some(path),
+            context: None,
+            fetch_timeout: Duration::from_millis(800),
+        });
+        tweak(o);
+    })
+    .await
+}
+
+async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !f().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn ready(c: &mut Client) -> (u16, String) {
+    let (status, body) = c.request("GET", "/readyz", vec![]).await.unwrap();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The review's response, with the patch decoded.
+async fn mutate(c: &mut Client, body: Vec<u8>) -> Value {
+    let (status, bytes) = c.post("/mutate", body).await;
+    assert_eq!(status, 200);
+    let mut v: Value = serde_json::from_slice(&bytes).unwrap();
+    if let Some(p) = v["response"]["patch"].as_str() {
+        use base64::Engine as _;
+        let ops = base64::engine::general_purpose::STANDARD.decode(p).unwrap();
+        v["response"]["patch"] = serde_json::from_slice(&ops).unwrap();
+    }
+    v["response"].take()
+}
+
+/// One series of the server's metrics, scraped now.
+async fn metric(server: &TestServer, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let text = net::get_metrics(server.running.metrics_addr.unwrap()).await;
+    common::scrape::value(&common::scrape::parse(&text), name, labels)
+}
+
+/// The count of fetches of claim templates that ended with `result`.
+async fn template_fetches(server: &TestServer, result: &str) -> Option<f64> {
+    metric(
+        server,
+        "tollgate_cluster_fetches_total",
+        &[("resource", "resourceclaimtemplates"), ("result", result)],
+    )
+    .await
+}
+
+fn adds_gpu_toleration(response: &Value) -> bool {
+    response["patch"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|op| {
+            op["path"]
+                .as_str()
+                .unwrap()
+                .starts_with("/spec/tolerations")
+                && op["value"].to_string().contains("nvidia.com/gpu")
+        })
+}
+
+fn warnings(response: &Value) -> String {
+    response["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn reviews_read_claim_templates_from_the_watched_cache() {
+    let api = ApiServer::start().await;
+    api.insert(
+        "resourceclaimtemplates",
+        template("two-gpus", "gpu.nvidia.com", 2),
+    );
+    let server = server_against(&api, |_| {}).await;
+    for h2 in [false, true] {
+        let mut c = Client::connect(server.addr(), &server.ca_pem, h2).await;
+        until("the first sync", async || ready(&mut c).await.0 == 200).await;
+        let r = mutate(&mut c, dra_review("two-gpus", "a")).await;
+        assert!(adds_gpu_toleration(&r), "{r}");
+    }
+    // From the cache: no GET was needed.
+    assert_eq!(api.count(Verb::Get, "resourceclaimtemplates"), 0);
+    server.running.shutdown().await;
+}
+
+#[tokio::test]
+async fn readyz_waits_for_the_first_sync() {
+    let api = ApiServer::start().await;
+    // Listing namespaces fails for a while: the server serves, but is not ready.
+    api.inject(Fault::status(503).on("namespaces", Verb::List));
+    let server = server_against(&api, |_| {}).await;
+    let mut c = Client::connect(server.addr(), &server.ca_pem, false).await;
+    until("a failed list", async || {
+        api.count(Verb::List, "namespaces") > 0
+    })
+    .await;
+    let (status, text) = ready(&mut c).await;
+    assert_eq!(status, 503);
+    assert!(text.contains("namespaces"), "{text}");
+    // Reviews are still answered meanwhile.
+    let r = mutate(&mut c, dra_review("two-gpus", "b")).await;
+    assert_eq!(r["allowed"], true);
+    api.clear_faults();
+    until("the sync", async || ready(&mut c).await.0 == 200).await;
+    server.running.shutdown().await;
+}
+
+/// A template applied with its Job may not have reached the watch yet: it is fetched once,
+/// and what the fetch found serves the pods that follow.
+#[tokio::test]
+async fn a_template_missing_from_the_cache_is_fetched_once() {
+    let api = ApiServer::start().await;
+    let server = server_against(&api, |_| {}).await;
+    let mut c = Client::connect(server.addr(), &server.ca_pem, true).await;
+    until("the first sync", async || ready(&mut c).await.0 == 200).await;
+    // Hold the template watch back, so that only a GET can know the new template.
+    api.inject(Fault::delay(Duration::from_secs(30)).on("resourceclaimtemplates", Verb::Watch));
+    api.break_watches();
+    api.insert(
+        "resourceclaimtemplates",
+        template("fresh", "gpu.nvidia.com", 1),
+    );
+    for uid in ["c1", "c2", "c3"] {
+        let r = mutate(&mut c, dra_review("fresh", uid)).await;
+        assert!(adds_gpu_toleration(&r), "{r}");
+    }
+    assert_eq!(
+        api.count(Verb::Get, "resourceclaimtemplates"),
+        1,
+        "fetched once"
+    );
+
+    // One that does not exist: fetched, found absent, said so; not fetched again at once.
+    for uid in ["d1", "d2"] {
+        let r = mutate(&mut c, dra_review("nowhere", uid)).await;
+        assert!(!adds_gpu_toleration(&r), "{r}");
+        assert!(warnings(&r).contains("(it does not exist)"), "{r}");
+    }
+    assert_eq!(api.count(Verb::Get, "resourceclaimtemplates"), 2);
+    assert_eq!(template_fetches(&server, "found").await, Some(1.0));
+    assert_eq!(template_fetches(&server, "absent").await, Some(1.0));
+    api.clear_faults();
+    server.running.shutdown().await;
+}
+
+/// The GET is bounded: an apiserver that does not answer in time leaves the review to what
+/// the pod alone shows, with a warning, and the review is still answered.
+#[tokio::test]
+async fn a_slow_fetch_is_cut_short() {
+    let api = ApiServer::start().await;
+    let server = server_against(&api, |_| {}).await;
+    let mut c = Client::connect(server.addr(), &server.ca_pem, false).await;
+    until("the first sync", async || ready(&mut c).await.0 == 200).await;
+    api.inject(Fault::delay(Duration::from_secs(30)).on("resourceclaimtemplates", Verb::Get));
+    let r = mutate(&mut c, dra_review("slow", "e")).await;
+    assert_eq!(r["allowed"], true);
+    assert!(!adds_gpu_toleration(&r));
+    assert!(
+        warnings(&r).contains("could not read ResourceClaimTemplate \"slow\""),
+        "{r}"
+    );
+    assert_eq!(template_fetches(&server, "failed").await, Some(1.0));
+    api.clear_faults();
+    server.running.shutdown().await;
+}
+
+/// A watch that breaks keeps the last state, is retried, and shows in the metrics; after
+/// a 410 the cache relists and converges (a template deleted meanwhile is gone).
+#[tokio::test]
+async fn a_broken_watch_keeps_the_last_state_and_recovers() {
+    let api = ApiServer::start().await;
+    api.insert(
+        "resourceclaimtemplates",
+        template("two-gpus", "gpu.nvidia.com", 2),
+    );
+    api.insert(
+        "resourceclaimtemplates",
+        template("doomed", "gpu.nvidia.com", 1),
+    );
+    let server = server_against(&api, |_| {}).await;
+    let mut c = Client::connect(server.addr(), &server.ca_pem, true).await;
+    until("the first sync", async || ready(&mut c).await.0 == 200).await;
+    let templates = [("resource", "resourceclaimtemplates")];
+    let restarts = async || {
+        metric(&server, "tollgate_cluster_watch_restarts_total", &templates)
+            .await
+            .unwrap_or(0.0)
+    };
+    assert_eq!(restarts().await, 0.0);
+
+    // The apiserver fails every watch and list of templates.
+    api.inject(Fault::status(500).on("resourceclaimtemplates", Verb::Watch));
+    api.inject(Fault::status(500).on("resourceclaimtemplates", Verb::List));
+    api.compact();
+    api.break_watches();
+    until("a counted watch failure", async || restarts().await >= 1.0).await;
+    // The last state still serves reviews, without a GET.
+    let r = mutate(&mut c, dra_review("two-gpus", "f")).await;
+    assert!(adds_gpu_toleration(&r), "{r}");
+    assert_eq!(api.count(Verb::Get, "resourceclaimtemplates"), 0);
+    assert_eq!(
+        metric(&server, "tollgate_cluster_cache_synced", &templates).await,
+        Some(1.0),
+        "still synced once: the last state stands"
+    );
+
+    // Meanwhile a template goes away; once the apiserver answers, the 410 forces a relist.
+    api.remove("resourceclaimtemplates", Some(NS), "doomed");
+    api.clear_faults();
+    let lists = api.count(Verb::List, "resourceclaimtemplates");
+    until("a relist", async || {
+        api.count(Verb::List, "resourceclaimtemplates") > lists
+    })
+    .await;
+    until("the deleted template gone from the cache", async || {
+        let r = mutate(&mut c, dra_review("doomed", "g")).await;
+        !adds_gpu_toleration(&r)
+    })
+    .await;
+    server.running.shutdown().await;
+}
+
+/// Profiles that match on namespace labels read them from the cluster context; a namespace
+/// created a moment ago and not yet in the cache is fetched once.
+#[tokio::test]
+async fn profiles_match_namespace_labels_from_the_cluster_context() {
+    let api = ApiServer::start().await;
+    api.insert(
+        "namespaces",
+        json!({"apiVersion": "v1", "kind": "Namespace",
+               "metadata": {"name": NS, "labels": {"team": "research"}}}),
+    );
+    let server = server_against(&api, |_| {}).await;
+    std::fs::write(
+        server.policy_path(),
+        "profiles:\n  - name: research\n    match:\n      namespaceSelector:\n        matchLabels: {team: research}\n    validation:\n      mode: warn\n",
+    )
+    .unwrap();
+    let mut c = Client::connect(server.addr(), &server.ca_pem, false).await;
+    until("the first sync", async || ready(&mut c).await.0 == 200).await;
+    let notebook = |ns: &str, uid: &str| {
+        let mut v: Value =
+            serde_json::from_slice(&common::fixture("notebook-helper.validate.json")).unwrap();
+        v["request"]["namespace"] = json!(ns);
+        v["request"]["uid"] = json!(uid);
+        serde_json::to_vec(&v).unwrap()
+    };
+    until("the profile policy in force", async || {
+        let (_, body) = c.post("/validate", notebook(NS, "h")).await;
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        v["response"]["allowed"] == true
+    })
+    .await;
+
+    // A new namespace the watch has not delivered: one GET, and the profile applies.
+    api.inject(Fault::delay(Duration::from_secs(30)).on("namespaces", Verb::Watch));
+    api.break_watches();
+    api.insert(
+        "namespaces",
+        json!({"apiVersion": "v1", "kind": "Namespace",
+               "metadata": {"name": "research-new", "labels": {"team": "research"}}}),
+    );
+    let (_, body) = c.post("/validate", notebook("research-new", "i")).await;
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["response"]["allowed"], true, "{v}");
+    assert_eq!(api.count(Verb::Get, "namespaces"), 1);
+    // Elsewhere the base policy enforces.
+    let (_, body) = c.post("/validate", notebook("default", "j")).await;
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["response"]["allowed"], false, "{v}");
+    let research = [("endpoint", "validate"), ("profile", "research")];
+    let reviews = metric(&server, "tollgate_profile_reviews_total", &research).await;
+    assert!(reviews.unwrap() >= 2.0);
+    api.clear_faults();
+    server.running.shutdown().await;
+}
+
+/// Without the cluster context, namespace labels are unknown: a policy matching on them is
+/// refused at start and on reload, saying why.
+#[tokio::test]
+async fn namespace_label_profiles_need_the_cluster_context() {
+    let policy = "profiles:\n  - name: research\n    match:\n      namespaceSelector:\n        matchLabels: {team: research}\n";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("policy.yaml"), policy).unwrap();
+    let bundle = tollgate::certs::generate(&["127.0.0.1".into()], 1).unwrap();
+    tollgate::certs::write(dir.path(), &bundle).unwrap();
+    let err = match tollgate::server::start(net::options(dir.path())).await {
+        Ok(_) => panic!("started with a policy it cannot apply"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("profile \"research\" matches on namespace labels"),
+        "{err}"
+    );
+    assert!(err.contains("--cluster-context off"), "{err}");
+
+    // A running server without the context refuses the same policy on reload.
+    let server = net::start(|_| {}).await;
+    std::fs::write(server.policy_path(), policy).unwrap();
+    until("the reload refused", async || {
+        metric(&server, "tollgate_policy_file_rejected", &[]).await == Some(1.0)
+    })
+    .await;
+    server.running.shutdown().await;
+}
