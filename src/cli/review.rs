@@ -17,8 +17,10 @@ use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 
 use tollgate_core::cluster::{Cluster, Objects};
+use tollgate_core::pipeline;
+pub use tollgate_core::pipeline::synthetic_review;
 use tollgate_core::policy::Policy;
-use tollgate_core::review::{review_bytes_with, Endpoint, Reviewed};
+use tollgate_core::review::Reviewed;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -366,110 +368,48 @@ pub fn run_review(
         "" => return Err("no kind: expected a Pod or an AdmissionReview".into()),
         k => return Err(format!("a {k}: expected a Pod or an AdmissionReview")),
     };
-    let mut result = CliResult {
-        allowed: true,
-        message: None,
-        warnings: vec![],
-        patch: None,
-        mutated: None,
-        mutate_response: None,
-        validate_response: None,
-        namespace: String::new(),
-        name: String::new(),
-        steps: vec![],
-        profile: None,
+    let stage = match a.stage {
+        Stage::All => pipeline::Stage::All,
+        Stage::Mutate => pipeline::Stage::Mutate,
+        Stage::Validate => pipeline::Stage::Validate,
     };
-    let object = review.pointer("/request/object").cloned();
-    let mut to_validate = review.clone();
-    if a.stage != Stage::Validate {
-        let r = review_one(policy, cluster, Endpoint::Mutate, &review)?;
-        absorb(&mut result, &r);
-        let mut pod = object.clone().unwrap_or(Value::Null);
-        if let Some(p) = &r.patch() {
-            json_patch::patch(&mut pod, p).map_err(|e| format!("the patch does not apply: {e}"))?;
-        }
-        result.patch = r.patch();
-        result.steps = r.steps.iter().map(|s| s.as_str()).collect();
-        result.mutate_response = Some(response_value(&r));
-        if object.is_some() {
-            // What the apiserver does between the two webhooks.
-            let mut defaulted = pod.clone();
-            tollgate_core::pod::default_requests_from_limits(&mut defaulted);
-            if let Some(o) = to_validate.pointer_mut("/request/object") {
-                *o = defaulted;
-            }
-            result.mutated = Some(pod);
-        }
-        result.allowed = r.response.allowed;
-        if !r.response.allowed {
-            result.message = Some(r.response.result.message.clone());
-        }
-    }
-    if a.stage != Stage::Mutate && result.allowed {
-        let r = review_one(policy, cluster, Endpoint::Validate, &to_validate)?;
-        absorb(&mut result, &r);
-        result.validate_response = Some(response_value(&r));
-        result.allowed = r.response.allowed;
-        if !r.response.allowed {
-            result.message = Some(r.response.result.message.clone());
-        }
-    }
-    Ok(result)
+    let judged = pipeline::run(policy, cluster, &review, stage).map_err(|e| e.to_string())?;
+    Ok(CliResult::of(judged))
 }
 
-fn review_one(
-    policy: &Policy,
-    cluster: &dyn Cluster,
-    endpoint: Endpoint,
-    review: &Value,
-) -> Result<Reviewed, String> {
-    let bytes = serde_json::to_vec(review).map_err(|e| e.to_string())?;
-    review_bytes_with(endpoint, policy, cluster, &bytes).map_err(|e| e.to_string())
-}
-
-fn absorb(result: &mut CliResult, r: &Reviewed) {
-    result.namespace = r.namespace.clone();
-    result.name = r.name.clone();
-    result.profile.clone_from(&r.profile);
-    result
-        .warnings
-        .extend(r.response.warnings.iter().flatten().cloned());
+impl CliResult {
+    /// What the command shows of the pipeline's judgement.
+    fn of(mut judged: pipeline::Judged) -> CliResult {
+        let mut result = CliResult {
+            allowed: judged.allowed,
+            message: judged.message.clone(),
+            warnings: judged.warnings().cloned().collect(),
+            patch: None,
+            mutated: judged.mutated.take(),
+            mutate_response: None,
+            validate_response: None,
+            namespace: String::new(),
+            name: String::new(),
+            steps: vec![],
+            profile: None,
+        };
+        if let Some(r) = &judged.mutate {
+            result.patch = r.patch();
+            result.steps = r.steps.iter().map(|s| s.as_str()).collect();
+            result.mutate_response = Some(response_value(r));
+        }
+        if let Some(r) = &judged.validate {
+            result.validate_response = Some(response_value(r));
+        }
+        if let Some(r) = judged.last() {
+            result.namespace = r.namespace.clone();
+            result.name = r.name.clone();
+            result.profile.clone_from(&r.profile);
+        }
+        result
+    }
 }
 
 fn response_value(r: &Reviewed) -> Value {
     serde_json::from_slice(&r.to_json()).unwrap_or(Value::Null)
-}
-
-/// The CREATE review the apiserver would send for `pod`, from `user` in `groups`.
-pub fn synthetic_review(
-    pod: &Value,
-    namespace: Option<&str>,
-    user: &str,
-    groups: &[String],
-) -> Value {
-    let namespace = namespace
-        .or_else(|| pod.pointer("/metadata/namespace").and_then(Value::as_str))
-        .unwrap_or("default");
-    let name = pod
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let mut groups = groups.to_vec();
-    groups.push("system:authenticated".into());
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "00000000-0000-0000-0000-000000000000",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "name": name,
-            "namespace": namespace,
-            "operation": "CREATE",
-            "userInfo": {"username": user, "groups": groups},
-            "object": pod,
-            "oldObject": null,
-            "dryRun": true,
-        }
-    })
 }

@@ -14,6 +14,7 @@
 //! 4. `gpu`, `optout`, `check`, `parse`, `profile`.
 //! 5. `mutate` (one module per step), `validate`.
 //! 6. `review`: an AdmissionReview in, an AdmissionReview out.
+//! 7. `pipeline`: the two webhooks in a cluster's order (mutate, defaulting, validate).
 #![forbid(unsafe_code)]
 
 pub mod check;
@@ -24,6 +25,7 @@ pub mod gpu;
 pub mod mutate;
 pub mod optout;
 pub mod parse;
+pub mod pipeline;
 pub mod pod;
 pub mod policy;
 pub mod profile;

@@ -91,6 +91,8 @@ pub struct Reviewed {
     pub unresolved: Vec<ObjectKey>,
     /// The policy profile the pod got; None for the base policy.
     pub profile: Option<String>,
+    /// On `/validate`: the containers lacking required requests, whatever the mode.
+    pub missing: Vec<validate::Missing>,
 }
 
 impl Reviewed {
@@ -366,6 +368,7 @@ fn skeleton<T: kube_core::Resource>(
         opt_out: None,
         unresolved: vec![],
         profile: None,
+        missing: vec![],
     }
 }
 
@@ -506,6 +509,7 @@ fn validate_pod(
     let d = validate::validate(policy, pod, operation, who);
     out.verdict = Some(d.verdict);
     out.opt_out = d.opt_out;
+    out.missing = d.missing;
     if !d.allowed {
         out.result = Result::Denied;
         out.response.allowed = false;

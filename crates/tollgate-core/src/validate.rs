@@ -25,6 +25,9 @@ pub struct Decision {
     pub verdict: Verdict,
     /// The opt-out decision, when the pod was judged (for the logs and metrics).
     pub opt_out: Option<OptOut>,
+    /// What is missing, whatever the mode: `tollgate audit` reports it as data even where
+    /// the policy only warns.
+    pub missing: Vec<Missing>,
 }
 
 /// The one-word outcome, for metrics and logs.
@@ -60,6 +63,7 @@ impl Decision {
             audit_annotations: BTreeMap::new(),
             verdict,
             opt_out: None,
+            missing: vec![],
         }
     }
 }
@@ -139,6 +143,7 @@ pub fn validate(policy: &Policy, pod: &Pod, operation: Operation, who: &Requeste
             audit_annotations: BTreeMap::new(),
             verdict: Verdict::MissingRequests,
             opt_out: None,
+            missing: vec![],
         },
         Mode::Warn => {
             let mut d = Decision::allow(Verdict::MissingRequests);
@@ -169,6 +174,7 @@ pub fn validate(policy: &Policy, pod: &Pod, operation: Operation, who: &Requeste
         }
     };
     d.opt_out = Some(opt_out);
+    d.missing = missing;
     d
 }
 
