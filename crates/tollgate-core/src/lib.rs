@@ -15,8 +15,10 @@
 //! 5. `mutate` (one module per step), `validate`.
 //! 6. `review`: an AdmissionReview in, an AdmissionReview out.
 //! 7. `pipeline`: the two webhooks in a cluster's order (mutate, defaulting, validate).
+//! 8. `audit`: what an object already in the cluster breaks or lacks, as findings.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod check;
 pub mod cluster;
 pub mod diff;
