@@ -4,6 +4,7 @@
 //! docs/architecture.md is the map.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod certs;
 pub mod cli;
 pub mod cluster;

@@ -32,7 +32,7 @@ fn opens_with_the_two_setup_commands() {
 #[test]
 fn cli_reference_names_every_flag_of_every_command() {
     let text = readme();
-    for cmd in ["serve", "review", "certs", "register"] {
+    for cmd in ["serve", "review", "audit", "certs", "register"] {
         assert!(
             text.contains(&format!("### `tollgate {cmd}")),
             "README documents {cmd}"

@@ -1,6 +1,9 @@
-//! The command line: `serve`, `review`, `certs` and `register`.
+//! The command line: `serve`, `review`, `audit`, `certs` and `register`.
 
+mod audit;
 mod review;
+
+pub use audit::AuditArgs;
 
 pub use review::{
     add_context, documents, run_review, split, synthetic_review, CliResult, Input, Output,
@@ -33,6 +36,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run the policy over a Pod or an AdmissionReview offline, as the server would.
     Review(ReviewArgs),
+    /// Judge the pods of a live cluster as a CREATE of each would be judged: what would be
+    /// refused and why, what mutation would add, which opt-outs hold.
+    Audit(AuditArgs),
     /// Write a CA and a serving certificate for the webhook's Service.
     Certs(CertsArgs),
     /// Create or update the webhook configurations in a cluster (without cert-manager).
@@ -152,6 +158,7 @@ pub fn main() -> i32 {
             }
         },
         Command::Review(a) => review::run(&a),
+        Command::Audit(a) => audit::run(&a),
         Command::Register(a) => {
             let result = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
