@@ -8,13 +8,17 @@
 //!   each page dropped once judged, so that memory does not grow with the cluster;
 //! - [`output`]: the command's writers (table, JSON lines, PolicyReport YAML);
 //! - [`report`]: PolicyReports, one per namespace, built from the findings and written to
-//!   the cluster (create, replace with resourceVersion, delete).
+//!   the cluster (create, replace with resourceVersion, delete);
+//! - [`lease`]: the `coordination.k8s.io` Lease that lets one replica audit at a time;
+//! - [`background`]: the server's timer, pacing and metrics.
 //!
 //! Namespace by namespace: the apiserver answers a list of one namespace in name order,
 //! so findings come grouped without being held, a namespace's report can be written as
 //! soon as it is done, and the per-namespace context (claim templates, standalone claims)
 //! is all that is held besides one page.
 
+pub mod background;
+pub mod lease;
 pub mod list;
 pub mod output;
 pub mod report;

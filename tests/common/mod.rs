@@ -93,6 +93,7 @@ pub mod net {
             key_path: dir.join("tls.key"),
             client_ca: None,
             cluster: None,
+            audit: None,
             limits: Limits::default(),
             reload_interval: Duration::from_millis(50),
             shutdown_delay: Duration::ZERO,
