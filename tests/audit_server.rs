@@ -111,9 +111,11 @@ fn writes(api: &ApiServer) -> Vec<RequestRecord> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_are_created_updated_and_removed_as_findings_change() {
     let api = ApiServer::start().await;
-    for ns in ["refused", "mutated", "clean"] {
+    for ns in ["refused", "mutated", "clean", "kube-system"] {
         namespace(&api, ns);
     }
+    // Never enforced, so never audited (`--audit-exclude-namespace`).
+    api.insert("pods", notebook("kube-system", "coredns"));
     api.insert("pods", notebook("refused", "nb"));
     api.insert("pods", sized("refused", "fine"));
     api.insert("pods", trainer("mutated", "worker-0"));
@@ -126,7 +128,7 @@ async fn reports_are_created_updated_and_removed_as_findings_change() {
                 "labels": {"app.kubernetes.io/managed-by": "tollgate"}},
             "results": [], "summary": {}}),
     );
-    let s = server(&api, None, |_| {}).await;
+    let s = server(&api, None, |o| o.exclude = vec!["kube-*".into()]).await;
     let limit = Duration::from_secs(20);
     until("both reports", limit, async || {
         report(&api, "refused").is_some() && report(&api, "mutated").is_some()
@@ -137,6 +139,11 @@ async fn reports_are_created_updated_and_removed_as_findings_change() {
     })
     .await;
     assert!(report(&api, "clean").is_none(), "no findings, no report");
+    assert!(report(&api, "kube-system").is_none(), "excluded");
+    assert!(api
+        .requests_for(Verb::List, "pods")
+        .iter()
+        .all(|r| r.namespace.as_deref() != Some("kube-system")));
 
     let r = report(&api, "refused").unwrap();
     assert_eq!(
@@ -460,4 +467,126 @@ async fn the_audit_keeps_to_its_rate() {
         Some(41.0)
     );
     s.running.shutdown().await;
+}
+
+/// CPU time (user + system) of a process so far, from /proc/PID/stat, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+/// The pacing, measured: `tollgate serve` (set `TOLLGATE_BIN` to a release build) against
+/// a stand-in holding 20,000 pods, answering 3,000 reviews one after another over one
+/// HTTP/2 connection with no audit, with the audit at its default rate and with it
+/// unpaced. Prints latencies, the server's CPU and the audit's cost per object. Run with
+/// `cargo test --test audit_server -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn review_latency_with_and_without_a_background_audit() {
+    let api = ApiServer::start().await;
+    for ns in 0..10 {
+        namespace(&api, &format!("ns-{ns}"));
+    }
+    api.insert_many(
+        "pods",
+        (0..20_000).map(|i| {
+            let ns = format!("ns-{}", i % 10);
+            match i % 10 {
+                0 => notebook(&ns, &format!("p-{i:05}")),
+                1 => trainer(&ns, &format!("p-{i:05}")),
+                _ => sized(&ns, &format!("p-{i:05}")),
+            }
+        }),
+    );
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    api.write_kubeconfig(kubeconfig.path()).unwrap();
+    let kc = kubeconfig.path().display().to_string();
+    let body = common::fixture("resnet50-master-0.mutate.json");
+    for (label, extra) in [
+        ("no audit", vec![]),
+        (
+            "audit at --audit-rate 200",
+            vec!["--audit-interval", "1s", "--audit-rate", "200"],
+        ),
+        (
+            "audit unpaced",
+            vec!["--audit-interval", "1s", "--audit-rate", "1000000"],
+        ),
+    ] {
+        let (dir, ca) = common::process::workdir();
+        let mut args: Vec<String> = [
+            "--cluster-context",
+            "on",
+            "--kubeconfig",
+            &kc,
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let served = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            common::process::serve(dir, ca, None, "json", &args)
+        })
+        .await
+        .unwrap();
+        let metrics_addr = served.metrics_addr.unwrap();
+        let mut c = net::Client::connect(served.addr, &served.ca_pem, true).await;
+        until("ready", Duration::from_secs(30), async || {
+            c.request("GET", "/readyz", vec![]).await.unwrap().0 == 200
+        })
+        .await;
+        if !extra.is_empty() {
+            until("the audit under way", Duration::from_secs(30), async || {
+                let m = common::scrape::parse(&net::get_metrics(metrics_addr).await);
+                common::scrape::value(&m, "tollgate_audit_objects_total", &[]).unwrap_or(0.0) > 0.0
+                    || common::scrape::value(&m, "tollgate_audit_busy_seconds_total", &[])
+                        .unwrap_or(0.0)
+                        > 0.0
+            })
+            .await;
+        }
+        for _ in 0..200 {
+            c.post("/mutate", body.clone()).await;
+        }
+        let before = common::scrape::parse(&net::get_metrics(metrics_addr).await);
+        let cpu = cpu_seconds(served.pid());
+        let started = Instant::now();
+        let mut latencies = Vec::with_capacity(3000);
+        for _ in 0..3000 {
+            let t = Instant::now();
+            let (status, _) = c.post("/mutate", body.clone()).await;
+            latencies.push(t.elapsed());
+            assert_eq!(status, 200);
+        }
+        let wall = started.elapsed().as_secs_f64();
+        let cpu = cpu_seconds(served.pid()) - cpu;
+        let after = common::scrape::parse(&net::get_metrics(metrics_addr).await);
+        latencies.sort();
+        let q = |p: f64| latencies[((latencies.len() as f64 - 1.0) * p) as usize];
+        let d = |name: &str| {
+            common::scrape::value(&after, name, &[]).unwrap_or(0.0)
+                - common::scrape::value(&before, name, &[]).unwrap_or(0.0)
+        };
+        let (objects, busy) = (
+            d("tollgate_audit_objects_total"),
+            d("tollgate_audit_busy_seconds_total"),
+        );
+        eprintln!(
+            "{label}: 3000 reviews in {wall:.2} s; latency p50 {:?} p90 {:?} p99 {:?} max {:?}; server CPU {:.0}% of one core; audit: {objects} objects, {busy:.3} s judging ({:.1} us per object)",
+            q(0.5),
+            q(0.9),
+            q(0.99),
+            latencies.last().unwrap(),
+            100.0 * cpu / wall,
+            if objects > 0.0 { 1e6 * busy / objects } else { 0.0 },
+        );
+        drop(served);
+    }
 }

@@ -42,6 +42,8 @@ pub struct AuditOptions {
     pub renew_every: Duration,
     /// Objects per list request.
     pub page_size: u32,
+    /// Namespaces (names or globs) not audited: those the webhooks never act in.
+    pub exclude: Vec<String>,
 }
 
 impl AuditOptions {
@@ -57,6 +59,7 @@ impl AuditOptions {
             lease_duration: lease.duration,
             renew_every: lease.renew_every,
             page_size: super::list::PAGE_SIZE,
+            exclude: vec![],
         }
     }
 }
@@ -117,6 +120,11 @@ pub fn start(
     };
     let mut auditor = Auditor::new(client.clone(), url);
     auditor.page_size = opts.page_size;
+    auditor.exclude = opts
+        .exclude
+        .iter()
+        .map(|g| tollgate_core::glob::Glob::new(g))
+        .collect();
     let waits_for_sync = cluster.clone();
     if let Some(c) = cluster {
         auditor.context = Context::Shared(c);
@@ -216,6 +224,9 @@ impl Loop {
         let Some(c) = &self.waits_for_sync else {
             return true;
         };
+        if !c.synced() {
+            info!("background audit: waiting for the cluster context's first sync");
+        }
         while !c.synced() {
             if self.interrupted() {
                 return false;
@@ -288,7 +299,6 @@ impl Loop {
                 }
             };
             totals.merge(&t);
-            self.metrics.objects.inc_by(t.seen());
             if self.interrupted() {
                 return Err(AuditError::Stopped);
             }
@@ -385,6 +395,7 @@ impl Paced {
 impl Pace for Paced {
     async fn after_object(&mut self, busy: Duration) {
         self.metrics.busy.inc_by(busy.as_secs_f64());
+        self.metrics.objects.inc();
         if self.rate > 0 {
             self.n += 1;
             let due = self.since + Duration::from_secs_f64(self.n as f64 / f64::from(self.rate));

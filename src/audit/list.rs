@@ -57,8 +57,8 @@ impl NamespaceInfo {
     }
 }
 
-/// The namespaces of `scope`, in name order. Listing all of them needs `list` on
-/// namespaces; one named namespace is read with `get`, and if that is forbidden it is
+/// The namespaces of `scope`, in name order, less the auditor's exclusions. Listing all of
+/// them needs `list` on namespaces; one named namespace is read with `get`, and if that is forbidden it is
 /// audited knowing only its name, unless a policy profile matches on namespace labels.
 pub async fn namespaces(
     a: &Auditor,
@@ -107,6 +107,7 @@ pub async fn namespaces(
                     None => break,
                 }
             }
+            out.retain(|n| !tollgate_core::glob::any(&a.exclude, &n.name));
             out.sort_by(|x, y| x.name.cmp(&y.name));
             Ok(out)
         }

@@ -263,6 +263,9 @@ pub struct Auditor {
     pub selector: Option<String>,
     /// Objects per list request.
     pub page_size: u32,
+    /// Namespaces (names or globs) left out of an audit of all namespaces: those the
+    /// webhooks never act in.
+    pub exclude: Vec<tollgate_core::glob::Glob>,
 }
 
 impl Auditor {
@@ -273,6 +276,7 @@ impl Auditor {
             context: Context::PerNamespace,
             selector: None,
             page_size: list::PAGE_SIZE,
+            exclude: vec![],
         }
     }
 

@@ -127,6 +127,10 @@ pub struct ServeArgs {
     /// with reviews for the CPU.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
     pub audit_rate: u32,
+    /// A namespace (name or glob) the background audit leaves out, as the webhooks' own
+    /// namespaceSelector does (repeatable).
+    #[arg(long = "audit-exclude-namespace")]
+    pub audit_exclude_namespaces: Vec<String>,
     /// Benchmarks only: answer every review with a constant "allowed" without reading it,
     /// over the same TLS and HTTP stack (the floor of benches/load.rs).
     #[arg(long, hide = true)]
@@ -263,6 +267,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         audit: a.audit_interval.map(|interval| {
             let mut o = server::AuditOptions::new(interval);
             o.rate = a.audit_rate;
+            o.exclude.clone_from(&a.audit_exclude_namespaces);
             o.kubeconfig.clone_from(&a.kubeconfig);
             o.context.clone_from(&a.context);
             o
