@@ -875,11 +875,13 @@ fn run_measured(kubeconfig: &str) -> (u64, Duration) {
     (peak, started.elapsed())
 }
 
-/// The audit's memory does not grow with the cluster: over five times the pods, in five
-/// times the pages per namespace, the peak RSS stays within a few MB.
+/// The audit's memory does not grow with the cluster: over four times the pods, in four
+/// times the pages per namespace (two, then eight), the peak RSS stays within a few MB.
+/// (A namespace of a single page peaks a few MB lower than one of several: compare
+/// audits that both page.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_stays_flat_from_2500_to_12500_pods() {
-    let m = peak_rss_of_audits(&[2_500, 12_500], 5).await;
+async fn memory_stays_flat_from_5000_to_20000_pods() {
+    let m = peak_rss_of_audits(&[5_000, 20_000], 5).await;
     let (small, big) = (m[0].0, m[1].0);
     assert!(small > 0 && big > 0);
     assert!(
@@ -888,8 +890,8 @@ async fn memory_stays_flat_from_2500_to_12500_pods() {
     );
 }
 
-/// The figure: 5,000 against 50,000 pods, in ten namespaces (one page each, then
-/// ten). About 40 s in a debug build: run with `cargo test --test audit -- --ignored`;
+/// The figure: 5,000 against 50,000 pods, in five namespaces (two pages each, then
+/// twenty). About 40 s in a debug build: run with `cargo test --test audit -- --ignored`;
 /// `TOLLGATE_AUDIT_BIN=target/release/tollgate` measures a release binary instead, and
 /// `TOLLGATE_AUDIT_SIZES=5000,20000,50000` other sizes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -898,7 +900,7 @@ async fn memory_stays_flat_from_5000_to_50000_pods() {
     let sizes: Vec<usize> = std::env::var("TOLLGATE_AUDIT_SIZES")
         .map(|s| s.split(',').map(|n| n.trim().parse().unwrap()).collect())
         .unwrap_or_else(|_| vec![5_000, 50_000]);
-    let m = peak_rss_of_audits(&sizes, 10).await;
+    let m = peak_rss_of_audits(&sizes, 5).await;
     let (small, big) = (m[0].0, m.iter().map(|x| x.0).max().unwrap());
     assert!(
         big < small + 8 * 1024,
