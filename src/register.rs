@@ -150,6 +150,23 @@ pub fn build(args: &RegisterArgs, ca_bundle: &[u8]) -> Result<WebhookConfigurati
     Ok(configs)
 }
 
+/// The namespaces the validating webhook selects, for a release in `namespace`: what
+/// `tollgate export validating-admission-policy` gives the policy it writes.
+pub fn validating_namespace_selector(namespace: &str) -> Result<LabelSelector> {
+    validate_dns_label(namespace, "--namespace")?;
+    let configs = base_configurations()?;
+    let mut selector = configs
+        .validating
+        .webhooks
+        .into_iter()
+        .flatten()
+        .next()
+        .and_then(|w| w.namespace_selector)
+        .context("deploy/base's validating webhook has no namespaceSelector")?;
+    exclude_own_namespace(Some(&mut selector), namespace);
+    Ok(selector)
+}
+
 fn point_at(client_config: &mut WebhookClientConfig, args: &RegisterArgs, ca_bundle: &[u8]) {
     client_config.ca_bundle = Some(ByteString(ca_bundle.to_vec()));
     if let Some(service) = client_config.service.as_mut() {

@@ -9,15 +9,7 @@ use common::net::Client;
 use common::process;
 use sha2::{Digest, Sha256};
 
-const NOTEBOOK: &str = "apiVersion: v1
-kind: Pod
-metadata:
-  name: notebook
-spec:
-  containers:
-    - name: jupyter
-      image: jupyter
-";
+use common::NOTEBOOK;
 
 /// `tollgate review` run from an empty directory, with `args` and a file holding `pod`.
 fn review_elsewhere(args: &[&str], pod: &str) -> (Option<i32>, String) {

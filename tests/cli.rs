@@ -1,4 +1,4 @@
-//! `tollgate review` and `tollgate certs` as users run them.
+//! `tollgate review`, `tollgate certs` and `tollgate export` as users run them.
 
 mod common;
 
@@ -37,15 +37,7 @@ spec:
           nvidia.com/gpu: 8
 ";
 
-const NOTEBOOK: &str = "apiVersion: v1
-kind: Pod
-metadata:
-  name: notebook
-spec:
-  containers:
-    - name: jupyter
-      image: jupyter
-";
+use common::NOTEBOOK;
 
 #[test]
 fn every_fixture_gives_a_sensible_result() {
@@ -374,4 +366,123 @@ fn review_names_the_profile_and_takes_namespace_labels() {
         Some(NOTEBOOK.as_bytes()),
     );
     assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn export_prints_the_policy_and_binding_and_says_what_stays_with_the_webhook() {
+    let out = tollgate(&["export", "validating-admission-policy"], None);
+    assert_eq!(out.status.code(), Some(0));
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+    let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding"
+        ]
+    );
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("mutation steps"), "{err}");
+    assert!(err.contains("deploy/README.md"), "{err}");
+    // The same as the built-in policy's file.
+    let from_file = tollgate(
+        &[
+            "export",
+            "validating-admission-policy",
+            "--policy",
+            "policies/default.yaml",
+        ],
+        None,
+    );
+    let text = String::from_utf8(from_file.stdout).unwrap();
+    assert_eq!(
+        text.lines().skip(1).collect::<Vec<_>>(),
+        yaml.lines().skip(1).collect::<Vec<_>>(),
+        "only the header's source differs"
+    );
+}
+
+#[test]
+fn export_excludes_the_namespace_it_is_told_tollgate_runs_in() {
+    let out = tollgate(
+        &[
+            "export",
+            "validating-admission-policy",
+            "--namespace",
+            "ml-platform",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    let values =
+        &docs[0]["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"][0]["values"];
+    assert_eq!(values, &serde_json::json!(["kube-system", "ml-platform"]));
+    let bad = tollgate(
+        &[
+            "export",
+            "validating-admission-policy",
+            "--namespace",
+            "Bad_NS",
+        ],
+        None,
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(bad.stdout.is_empty());
+}
+
+#[test]
+fn export_strict_refuses_a_policy_asking_for_what_the_export_leaves_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, "validation:\n  operations: [CREATE, UPDATE]\n").unwrap();
+    let path = path.to_str().unwrap();
+    // Without --strict: written, with the gap named on stderr.
+    let lax = tollgate(
+        &["export", "validating-admission-policy", "--policy", path],
+        None,
+    );
+    assert_eq!(lax.status.code(), Some(0));
+    assert!(!lax.stdout.is_empty());
+    let err = String::from_utf8(lax.stderr).unwrap();
+    assert!(
+        err.contains("not exported (validation.operations)"),
+        "{err}"
+    );
+    // With it: status 1 and nothing a pipe into kubectl could apply.
+    let strict = tollgate(
+        &[
+            "export",
+            "validating-admission-policy",
+            "--strict",
+            "--policy",
+            path,
+        ],
+        None,
+    );
+    assert_eq!(strict.status.code(), Some(1));
+    assert!(strict.stdout.is_empty());
+    assert!(String::from_utf8(strict.stderr)
+        .unwrap()
+        .contains("--strict"));
+    // The shipped policy asks for nothing the export leaves out.
+    let shipped = tollgate(&["export", "validating-admission-policy", "--strict"], None);
+    assert_eq!(shipped.status.code(), Some(0));
+    // A policy that does not load is unusable input.
+    std::fs::write(dir.path().join("bad.yaml"), "validation:\n  mode: block\n").unwrap();
+    let bad = tollgate(
+        &[
+            "export",
+            "validating-admission-policy",
+            "--policy",
+            dir.path().join("bad.yaml").to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8(bad.stderr)
+        .unwrap()
+        .contains("validation.mode"));
 }

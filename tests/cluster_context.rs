@@ -82,6 +82,22 @@ async fn mutate(c: &mut Client, body: Vec<u8>) -> Value {
     v["response"].take()
 }
 
+/// One series of the server's metrics, scraped now.
+async fn metric(server: &TestServer, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let text = net::get_metrics(server.running.metrics_addr.unwrap()).await;
+    common::scrape::value(&common::scrape::parse(&text), name, labels)
+}
+
+/// The count of fetches of claim templates that ended with `result`.
+async fn template_fetches(server: &TestServer, result: &str) -> Option<f64> {
+    metric(
+        server,
+        "tollgate_cluster_fetches_total",
+        &[("resource", "resourceclaimtemplates"), ("result", result)],
+    )
+    .await
+}
+
 fn adds_gpu_toleration(response: &Value) -> bool {
     response["patch"]
         .as_array()
@@ -179,17 +195,8 @@ async fn a_template_missing_from_the_cache_is_fetched_once() {
         assert!(warnings(&r).contains("(it does not exist)"), "{r}");
     }
     assert_eq!(api.count(Verb::Get, "resourceclaimtemplates"), 2);
-    let metrics = net::get_metrics(server.running.metrics_addr.unwrap()).await;
-    let samples = common::scrape::parse(&metrics);
-    let fetched = |result| {
-        common::scrape::value(
-            &samples,
-            "tollgate_cluster_fetches_total",
-            &[("resource", "resourceclaimtemplates"), ("result", result)],
-        )
-    };
-    assert_eq!(fetched("found"), Some(1.0));
-    assert_eq!(fetched("absent"), Some(1.0));
+    assert_eq!(template_fetches(&server, "found").await, Some(1.0));
+    assert_eq!(template_fetches(&server, "absent").await, Some(1.0));
     api.clear_faults();
     server.running.shutdown().await;
 }
@@ -210,16 +217,7 @@ async fn a_slow_fetch_is_cut_short() {
         warnings(&r).contains("could not read ResourceClaimTemplate \"slow\""),
         "{r}"
     );
-    let samples =
-        common::scrape::parse(&net::get_metrics(server.running.metrics_addr.unwrap()).await);
-    assert_eq!(
-        common::scrape::value(
-            &samples,
-            "tollgate_cluster_fetches_total",
-            &[("resource", "resourceclaimtemplates"), ("result", "failed")],
-        ),
-        Some(1.0)
-    );
+    assert_eq!(template_fetches(&server, "failed").await, Some(1.0));
     api.clear_faults();
     server.running.shutdown().await;
 }
@@ -240,15 +238,11 @@ async fn a_broken_watch_keeps_the_last_state_and_recovers() {
     let server = server_against(&api, |_| {}).await;
     let mut c = Client::connect(server.addr(), &server.ca_pem, true).await;
     until("the first sync", async || ready(&mut c).await.0 == 200).await;
-    let metrics_addr = server.running.metrics_addr.unwrap();
+    let templates = [("resource", "resourceclaimtemplates")];
     let restarts = async || {
-        let samples = common::scrape::parse(&net::get_metrics(metrics_addr).await);
-        common::scrape::value(
-            &samples,
-            "tollgate_cluster_watch_restarts_total",
-            &[("resource", "resourceclaimtemplates")],
-        )
-        .unwrap_or(0.0)
+        metric(&server, "tollgate_cluster_watch_restarts_total", &templates)
+            .await
+            .unwrap_or(0.0)
     };
     assert_eq!(restarts().await, 0.0);
 
@@ -262,13 +256,8 @@ async fn a_broken_watch_keeps_the_last_state_and_recovers() {
     let r = mutate(&mut c, dra_review("two-gpus", "f")).await;
     assert!(adds_gpu_toleration(&r), "{r}");
     assert_eq!(api.count(Verb::Get, "resourceclaimtemplates"), 0);
-    let samples = common::scrape::parse(&net::get_metrics(metrics_addr).await);
     assert_eq!(
-        common::scrape::value(
-            &samples,
-            "tollgate_cluster_cache_synced",
-            &[("resource", "resourceclaimtemplates")]
-        ),
+        metric(&server, "tollgate_cluster_cache_synced", &templates).await,
         Some(1.0),
         "still synced once: the last state stands"
     );
@@ -337,17 +326,9 @@ async fn profiles_match_namespace_labels_from_the_cluster_context() {
     let (_, body) = c.post("/validate", notebook("default", "j")).await;
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["response"]["allowed"], false, "{v}");
-    let samples =
-        common::scrape::parse(&net::get_metrics(server.running.metrics_addr.unwrap()).await);
-    assert!(
-        common::scrape::value(
-            &samples,
-            "tollgate_profile_reviews_total",
-            &[("endpoint", "validate"), ("profile", "research")]
-        )
-        .unwrap()
-            >= 2.0
-    );
+    let research = [("endpoint", "validate"), ("profile", "research")];
+    let reviews = metric(&server, "tollgate_profile_reviews_total", &research).await;
+    assert!(reviews.unwrap() >= 2.0);
     api.clear_faults();
     server.running.shutdown().await;
 }
@@ -374,10 +355,8 @@ async fn namespace_label_profiles_need_the_cluster_context() {
     // A running server without the context refuses the same policy on reload.
     let server = net::start(|_| {}).await;
     std::fs::write(server.policy_path(), policy).unwrap();
-    let addr = server.running.metrics_addr.unwrap();
     until("the reload refused", async || {
-        let samples = common::scrape::parse(&net::get_metrics(addr).await);
-        common::scrape::value(&samples, "tollgate_policy_file_rejected", &[]) == Some(1.0)
+        metric(&server, "tollgate_policy_file_rejected", &[]).await == Some(1.0)
     })
     .await;
     server.running.shutdown().await;

@@ -1100,3 +1100,95 @@ async fn every_request_of_the_audit_is_granted_by_the_rbac() {
         );
     }
 }
+
+const NATIVE_VALIDATION: &str = "deploy/overlays/native-validation";
+const VAP_FILE: &str = "deploy/overlays/native-validation/validating-admission-policy.yaml";
+
+#[test]
+fn native_validation_policy_file_is_the_current_export() {
+    // No kubectl needed: the committed file is what `tollgate export` prints for the
+    // shipped policy, so a change to the policy or the export cannot leave it behind.
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["export", "validating-admission-policy"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let committed = std::fs::read(root().join(VAP_FILE)).unwrap();
+    assert!(
+        committed == out.stdout,
+        "{VAP_FILE} is not the current export; run\n  \
+         cargo run -q -- export validating-admission-policy > {VAP_FILE}"
+    );
+}
+
+#[test]
+fn native_validation_overlay_swaps_the_validating_webhook_for_the_policy() {
+    if !kubectl_available() {
+        return;
+    }
+    let docs = render(&root().join(NATIVE_VALIDATION));
+    let cert_manager = render(&root().join("deploy/overlays/cert-manager"));
+    // The cert-manager install, less the validating webhook, plus the policy and binding.
+    let mut want: Vec<String> = kinds(&cert_manager)
+        .into_iter()
+        .filter(|k| !k.starts_with("ValidatingWebhookConfiguration/"))
+        .chain([
+            "ValidatingAdmissionPolicy/\"validate.tollgate.dev\"".to_owned(),
+            "ValidatingAdmissionPolicyBinding/\"validate.tollgate.dev\"".to_owned(),
+        ])
+        .collect();
+    want.sort();
+    assert_eq!(kinds(&docs), want);
+    // The mutating webhook is the cert-manager overlay's, untouched.
+    assert_eq!(
+        find(&docs, "MutatingWebhookConfiguration", "tollgate"),
+        find(&cert_manager, "MutatingWebhookConfiguration", "tollgate")
+    );
+
+    let policy = find(&docs, "ValidatingAdmissionPolicy", "validate.tollgate.dev");
+    let binding = find(
+        &docs,
+        "ValidatingAdmissionPolicyBinding",
+        "validate.tollgate.dev",
+    );
+    assert!(
+        policy["metadata"].get("namespace").is_none(),
+        "cluster-scoped"
+    );
+    assert_eq!(binding["spec"]["policyName"], "validate.tollgate.dev");
+    assert_eq!(
+        binding["spec"]["validationActions"],
+        serde_json::json!(["Deny"])
+    );
+    // kustomize rewrote the file's YAML; what it means is the export's.
+    let exported: Vec<Value> =
+        serde_saphyr::from_multiple(&std::fs::read_to_string(root().join(VAP_FILE)).unwrap())
+            .unwrap();
+    assert_eq!(policy, &exported[0]);
+    assert_eq!(binding, &exported[1]);
+
+    // Pod CREATEs, in exactly the namespaces the validating webhook selects.
+    let constraints = &policy["spec"]["matchConstraints"];
+    let selector = &constraints["namespaceSelector"];
+    assert_eq!(
+        selector,
+        &webhook(base(), "ValidatingWebhookConfiguration")["namespaceSelector"]
+    );
+    let ns = |name: &'static str, enforce: Option<&'static str>| {
+        let mut labels = vec![("kubernetes.io/metadata.name", name)];
+        if let Some(value) = enforce {
+            labels.push(("tollgate.dev/enforce", value));
+        }
+        labels
+    };
+    assert!(selects(selector, &ns("team-a", Some("enabled"))));
+    assert!(!selects(selector, &ns("team-a", None)));
+    for system in ["kube-system", NAMESPACE] {
+        assert!(!selects(selector, &ns(system, Some("enabled"))), "{system}");
+    }
+    assert_eq!(
+        constraints["resourceRules"],
+        webhook(base(), "ValidatingWebhookConfiguration")["rules"]
+    );
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+}

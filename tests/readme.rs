@@ -32,13 +32,20 @@ fn opens_with_the_two_setup_commands() {
 #[test]
 fn cli_reference_names_every_flag_of_every_command() {
     let text = readme();
-    for cmd in ["serve", "review", "audit", "certs", "register"] {
+    for cmd in [
+        "serve",
+        "review",
+        "audit",
+        "certs",
+        "register",
+        "export validating-admission-policy",
+    ] {
         assert!(
             text.contains(&format!("### `tollgate {cmd}")),
             "README documents {cmd}"
         );
         let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args([cmd, "--help"])
+            .args(cmd.split(' ').chain(["--help"]))
             .output()
             .unwrap();
         let help = String::from_utf8(out.stdout).unwrap();

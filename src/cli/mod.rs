@@ -1,10 +1,11 @@
-//! The command line: `serve`, `review`, `audit`, `certs` and `register`.
+//! The command line: `serve`, `review`, `audit`, `certs`, `register` and `export`.
 
 mod audit;
+mod export;
 mod review;
 
 pub use audit::AuditArgs;
-
+pub use export::{ExportArgs, ExportCommand, VapArgs};
 pub use review::{
     add_context, documents, run_review, split, synthetic_review, CliResult, Input, Output,
     ReviewArgs, Stage,
@@ -43,6 +44,8 @@ pub enum Command {
     Certs(CertsArgs),
     /// Create or update the webhook configurations in a cluster (without cert-manager).
     Register(crate::register::RegisterArgs),
+    /// Write the policy in another form (its validation as a ValidatingAdmissionPolicy).
+    Export(ExportArgs),
 }
 
 #[derive(Args, Debug)]
@@ -172,6 +175,7 @@ pub fn main() -> i32 {
         },
         Command::Review(a) => review::run(&a),
         Command::Audit(a) => audit::run(&a),
+        Command::Export(a) => export::run(&a),
         Command::Register(a) => {
             let result = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

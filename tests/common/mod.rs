@@ -7,6 +7,17 @@ use std::sync::Arc;
 use tollgate::server::{ActivePolicy, AppState, Limits};
 use tollgate_core::policy::Policy;
 
+/// A pod with no resources at all, which validation refuses.
+pub const NOTEBOOK: &str = "apiVersion: v1
+kind: Pod
+metadata:
+  name: notebook
+spec:
+  containers:
+    - name: jupyter
+      image: jupyter
+";
+
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

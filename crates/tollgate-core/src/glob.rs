@@ -2,7 +2,9 @@
 //!
 //! The matching is `wildmatch`'s (`*` any run, `?` one character, no escapes, no
 //! character classes); what this module adds is a pattern compiled once, when the policy
-//! is loaded, that reads and writes as the text the policy file holds.
+//! is loaded, that reads and writes as the text the policy file holds. The shapes policies
+//! mostly hold (a plain name, `prefix-*`, `*`) are compared directly: profile matching runs
+//! them on every review.
 
 use std::fmt;
 
@@ -13,20 +15,44 @@ use wildmatch::WildMatch;
 #[derive(Clone)]
 pub struct Glob {
     text: String,
-    matcher: WildMatch,
+    matcher: Matcher,
+}
+
+#[derive(Clone)]
+enum Matcher {
+    /// No wildcard: the text itself.
+    Exact,
+    /// `*`.
+    Any,
+    /// `prefix*`, the prefix without wildcards.
+    Prefix,
+    /// Anything else.
+    Wild(WildMatch),
 }
 
 impl Glob {
     pub fn new(text: &str) -> Glob {
+        let wild = |c: char| c == '*' || c == '?';
+        let matcher = match text.strip_suffix('*') {
+            _ if !text.contains(wild) => Matcher::Exact,
+            Some("") => Matcher::Any,
+            Some(prefix) if !prefix.contains(wild) => Matcher::Prefix,
+            _ => Matcher::Wild(WildMatch::new(text)),
+        };
         Glob {
             text: text.to_owned(),
-            matcher: WildMatch::new(text),
+            matcher,
         }
     }
 
     /// Whether `text` matches the whole pattern.
     pub fn matches(&self, text: &str) -> bool {
-        self.matcher.matches(text)
+        match &self.matcher {
+            Matcher::Exact => self.text == text,
+            Matcher::Any => true,
+            Matcher::Prefix => text.starts_with(&self.text[..self.text.len() - 1]),
+            Matcher::Wild(w) => w.matches(text),
+        }
     }
 
     /// The pattern as written.
@@ -75,6 +101,7 @@ impl<'de> Deserialize<'de> for Glob {
 #[cfg(test)]
 mod tests {
     use super::Glob;
+    use wildmatch::WildMatch;
 
     fn matches(pattern: &str, text: &str) -> bool {
         Glob::new(pattern).matches(text)
@@ -104,6 +131,23 @@ mod tests {
         assert_eq!(g.as_str(), "ml-*");
         assert_eq!(serde_json::to_string(&g).unwrap(), "\"ml-*\"");
         assert_eq!(g, Glob::from("ml-*"));
+    }
+
+    /// The direct comparisons agree with wildmatch on every shape they take.
+    #[test]
+    fn fast_shapes_agree_with_wildmatch() {
+        let texts = ["", "ml", "ml-", "ml-a", "team-ml", "m", "ml*", "x?"];
+        for pattern in [
+            "ml", "", "*", "ml-*", "ml*", "*ml", "m?", "ml-*-x", "**", "ml**",
+        ] {
+            for text in texts {
+                assert_eq!(
+                    Glob::new(pattern).matches(text),
+                    WildMatch::new(pattern).matches(text),
+                    "{pattern:?} on {text:?}"
+                );
+            }
+        }
     }
 
     /// Many stars against a long name that does not match: the backtracking stays linear

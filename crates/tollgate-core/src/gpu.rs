@@ -470,3 +470,107 @@ fn toleration_order(t: &Toleration) -> (&str, &str, &str, &str) {
         t.effect.as_deref().unwrap_or(""),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::{Objects, Offline};
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn claim_pod(request: Option<&str>) -> Pod {
+        let mut r = json!({"name": "accel"});
+        if let Some(req) = request {
+            r["request"] = json!(req);
+        }
+        pod(json!({"spec": {
+            "resourceClaims": [{"name": "accel", "resourceClaimTemplateName": "t"}],
+            "containers": [{"name": "a", "resources": {"claims": [r]}}, {"name": "b"}]
+        }}))
+    }
+
+    fn context() -> Objects {
+        let mut o = Objects::complete();
+        o.add_template(
+            serde_json::from_value(json!({
+                "metadata": {"name": "t", "namespace": "ml"},
+                "spec": {"spec": {"devices": {"requests": [
+                    {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 3}},
+                    {"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}}
+                ]}}}
+            }))
+            .unwrap(),
+        );
+        o
+    }
+
+    #[test]
+    fn extended_resources_by_class_mig_and_implicit_dra_names() {
+        let p = Policy::default();
+        for (resource, class) in [
+            ("nvidia.com/gpu", Some("nvidia")),
+            ("nvidia.com/mig-1g.10gb", Some("nvidia")),
+            ("nvidia.com/mig-3g.40gb", Some("nvidia")),
+            (
+                "deviceclass.resource.kubernetes.io/gpu.nvidia.com",
+                Some("nvidia-dra"),
+            ),
+            (
+                "deviceclass.resource.kubernetes.io/mig.nvidia.com",
+                Some("nvidia-dra"),
+            ),
+            ("amd.com/gpu", Some("amd")),
+            ("gpu.intel.com/xe", Some("intel")),
+            ("example.com/fpga", None),
+            ("deviceclass.resource.kubernetes.io/nic.example.com", None),
+        ] {
+            assert_eq!(
+                class_of_resource(&p, resource).map(|c| c.name),
+                class,
+                "{resource}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_claim_counts_for_the_containers_that_list_it() {
+        let p = Policy::default();
+        let g = Gpus::of(&p, &claim_pod(None), "ml", &context());
+        assert_eq!(
+            g.classes.iter().map(|c| c.name).collect::<Vec<_>>(),
+            ["nvidia-dra"]
+        );
+        let uses = g.of_container("a");
+        assert_eq!(uses.len(), 1, "the NIC request is no GPU");
+        assert_eq!(uses[0].count, Some(3 * NANO));
+        assert!(g.of_container("b").is_empty());
+        // A container that names only the NIC request holds no GPU, but the pod still
+        // lands on GPU nodes.
+        let g = Gpus::of(&p, &claim_pod(Some("nic")), "ml", &context());
+        assert!(g.of_container("a").is_empty());
+        assert!(g.any());
+    }
+
+    #[test]
+    fn without_a_cluster_context_the_warning_says_so() {
+        let p = Policy::default();
+        let g = Gpus::of(&p, &claim_pod(None), "ml", &Offline);
+        assert!(!g.any());
+        assert!(
+            g.unresolved.is_empty(),
+            "nothing to fetch without a context"
+        );
+        assert!(
+            g.warnings[0].contains("tollgate runs without a cluster context"),
+            "{:?}",
+            g.warnings
+        );
+        // A context that may simply not have it yet: named for a fetch.
+        let g = Gpus::of(&p, &claim_pod(None), "ml", &Objects::default());
+        assert_eq!(g.unresolved.len(), 1);
+        assert_eq!(g.unresolved[0].kind, Kind::ResourceClaimTemplate);
+    }
+}

@@ -8,12 +8,13 @@
 //! checks it):
 //!
 //! 0. `testdata`: the unit tests' fixtures.
-//! 1. `glob`, `quantity`, `requester`, `diff`, `cluster`: leaves.
+//! 1. `glob`, `quantity`, `requester`, `diff`, `cluster`, `words`: leaves.
 //! 2. `policy`: the policy's types and loading from text.
 //! 3. `pod`: read helpers over a typed Pod.
 //! 4. `gpu`, `optout`, `check`, `parse`, `profile`.
 //! 5. `mutate` (one module per step), `validate`.
-//! 6. `review`: an AdmissionReview in, an AdmissionReview out.
+//! 6. `review`: an AdmissionReview in, an AdmissionReview out. `export`: the validation
+//!    half of a policy as a ValidatingAdmissionPolicy (YAML text).
 //! 7. `pipeline`: the two webhooks in a cluster's order (mutate, defaulting, validate).
 //! 8. `audit`: what an object already in the cluster breaks or lacks, as findings.
 #![forbid(unsafe_code)]
@@ -22,6 +23,7 @@ pub mod audit;
 pub mod check;
 pub mod cluster;
 pub mod diff;
+pub mod export;
 pub mod glob;
 pub mod gpu;
 pub mod mutate;
@@ -35,6 +37,7 @@ pub mod quantity;
 pub mod requester;
 pub mod review;
 pub mod validate;
+pub mod words;
 
 #[cfg(test)]
 pub(crate) mod testdata;

@@ -10,6 +10,15 @@ use crate::glob;
 use crate::pod::annotation_is_true;
 use crate::policy::Policy;
 use crate::requester::Requester;
+use crate::words::{quote, Template};
+
+/// Why an opt-out is refused, in the user's words (`export` writes the same in CEL).
+pub const NOT_IN_NAMESPACE: Template =
+    Template("opting out with {annotation} is not permitted in namespace {namespace}");
+pub const NOT_FOR_USER: Template =
+    Template("opting out with {annotation} is not permitted for {user} in namespace {namespace}");
+/// The audit annotation's value for an honoured opt-out.
+pub const AUDIT_NOTE: Template = Template("honoured for user {user} in namespace {namespace}");
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OptOut {
@@ -33,20 +42,20 @@ pub fn decide(policy: &Policy, pod: &Pod, who: &Requester<'_>) -> OptOut {
 
 /// The audit annotation's value for an honoured opt-out: who, and where.
 pub fn audit_note(who: &Requester<'_>) -> String {
-    format!(
-        "honoured for user {:?} in namespace {:?}",
-        who.username, who.namespace
-    )
+    AUDIT_NOTE.fill(&[
+        ("user", &quote(who.username)),
+        ("namespace", &quote(who.namespace)),
+    ])
 }
 
 /// Whether this requester may opt out in this namespace; if not, why, in the user's words.
 pub fn permitted(policy: &Policy, who: &Requester<'_>) -> Result<(), String> {
     let rule = &policy.opt_out;
     if !glob::any(&rule.namespaces, who.namespace) {
-        return Err(format!(
-            "opting out with {} is not permitted in namespace {:?}",
-            rule.annotation, who.namespace
-        ));
+        return Err(NOT_IN_NAMESPACE.fill(&[
+            ("annotation", &rule.annotation),
+            ("namespace", &quote(who.namespace)),
+        ]));
     }
     let anyone = rule.users.is_empty() && rule.groups.is_empty();
     let by_user = glob::any(&rule.users, who.username);
@@ -54,10 +63,11 @@ pub fn permitted(policy: &Policy, who: &Requester<'_>) -> Result<(), String> {
     if anyone || by_user || by_group {
         Ok(())
     } else {
-        Err(format!(
-            "opting out with {} is not permitted for {:?} in namespace {:?}",
-            rule.annotation, who.username, who.namespace
-        ))
+        Err(NOT_FOR_USER.fill(&[
+            ("annotation", &rule.annotation),
+            ("user", &quote(who.username)),
+            ("namespace", &quote(who.namespace)),
+        ]))
     }
 }
 

@@ -23,6 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use kube_core::admission::{AdmissionRequest, Operation};
 use kube_core::{GroupVersionKind, GroupVersionResource, TypeMeta};
 use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 
 /// How much of the pod to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,16 +31,29 @@ pub enum Shape {
     /// Everything but `metadata.managedFields` (and `oldObject`): what mutation needs to
     /// compute a patch over the spec.
     Full,
-    /// Of the metadata, the name, generateName, namespace, labels and annotations; of the spec, the
+    /// Of the metadata, the name, generateName, namespace and annotations; of the spec, the
     /// containers' names, requests, limits and restart policies and the pod-level
     /// resources: what validation and the opt-out read. Everything else stays at its
-    /// default.
+    /// default. The labels are kept as the JSON text they arrived as
+    /// ([`Parsed::labels`]): only a profile that selects pods reads them.
     Validation,
+}
+
+/// A request read by a shape, and what the shape left unparsed.
+pub struct Parsed<'a> {
+    pub request: AdmissionRequest<Pod>,
+    /// The pod's labels as sent, for [`Shape::Validation`] (the object has none then).
+    pub labels: Option<&'a RawValue>,
 }
 
 /// The request of an `admission.k8s.io/v1` AdmissionReview of a Pod, read in `shape`; None
 /// when the fast path cannot read it (the caller then takes the full parse).
 pub fn request(body: &[u8], shape: Shape) -> Option<AdmissionRequest<Pod>> {
+    read_shape(body, shape).map(|p| p.request)
+}
+
+/// [`request`], with what the shape left unparsed.
+pub fn read_shape(body: &[u8], shape: Shape) -> Option<Parsed<'_>> {
     match shape {
         Shape::Full => read::<Meta, PodSpec, PodStatus>(body),
         Shape::Validation => read::<ValidationMeta, ValidationSpec, Skipped>(body),
@@ -51,18 +65,22 @@ pub fn is_admission_review_v1(api_version: &str, kind: &str) -> bool {
     api_version == "admission.k8s.io/v1" && kind == "AdmissionReview"
 }
 
-fn read<M, S, T>(body: &[u8]) -> Option<AdmissionRequest<Pod>>
+fn read<'a, M, S, T>(body: &'a [u8]) -> Option<Parsed<'a>>
 where
-    M: for<'de> Deserialize<'de> + Into<ObjectMeta>,
-    S: for<'de> Deserialize<'de> + Into<PodSpec>,
-    T: for<'de> Deserialize<'de> + Into<Option<PodStatus>>,
+    M: Deserialize<'a> + MetaShape<'a>,
+    S: Deserialize<'a> + Into<PodSpec>,
+    T: Deserialize<'a> + Into<Option<PodStatus>>,
 {
     let review: Review<M, S, T> = serde_json::from_slice(body).ok()?;
     if !is_admission_review_v1(&review.api_version, &review.kind) {
         return None;
     }
     let r = review.request?;
-    Some(AdmissionRequest {
+    let (object, labels) = match r.object.map(PodOf::into_parts) {
+        Some((pod, labels)) => (Some(pod), labels),
+        None => (None, None),
+    };
+    let request = AdmissionRequest {
         types: TypeMeta {
             api_version: review.api_version,
             kind: review.kind,
@@ -78,11 +96,18 @@ where
         namespace: r.namespace,
         operation: r.operation,
         user_info: r.user_info,
-        object: r.object.map(PodOf::into_pod),
+        object,
         old_object: None,
         dry_run: r.dry_run,
         options: None,
-    })
+    };
+    Some(Parsed { request, labels })
+}
+
+/// What a shape reads of the metadata: the ObjectMeta, and the labels if it left them as
+/// text.
+trait MetaShape<'a> {
+    fn into_parts(self) -> (ObjectMeta, Option<&'a RawValue>);
 }
 
 // Field for field kube's AdmissionReview and AdmissionRequest (with the same defaults),
@@ -132,13 +157,17 @@ struct PodOf<M, S, T> {
     status: Option<T>,
 }
 
-impl<M: Into<ObjectMeta>, S: Into<PodSpec>, T: Into<Option<PodStatus>>> PodOf<M, S, T> {
-    fn into_pod(self) -> Pod {
-        Pod {
-            metadata: self.metadata.map(Into::into).unwrap_or_default(),
+impl<'a, M: MetaShape<'a>, S: Into<PodSpec>, T: Into<Option<PodStatus>>> PodOf<M, S, T> {
+    fn into_parts(self) -> (Pod, Option<&'a RawValue>) {
+        let (metadata, labels) = self
+            .metadata
+            .map_or((ObjectMeta::default(), None), MetaShape::into_parts);
+        let pod = Pod {
+            metadata,
             spec: self.spec.map(Into::into),
             status: self.status.and_then(Into::into),
-        }
+        };
+        (pod, labels)
     }
 }
 
@@ -197,10 +226,11 @@ struct Meta {
     uid: Option<String>,
 }
 
-impl From<Meta> for ObjectMeta {
-    fn from(m: Meta) -> ObjectMeta {
+impl MetaShape<'_> for Meta {
+    fn into_parts(self) -> (ObjectMeta, Option<&'static RawValue>) {
+        let m = self;
         // Without `..`: a field added to ObjectMeta is a compile error here until it is read.
-        ObjectMeta {
+        let meta = ObjectMeta {
             annotations: m.annotations,
             creation_timestamp: m.creation_timestamp,
             deletion_grace_period_seconds: m.deletion_grace_period_seconds,
@@ -216,32 +246,35 @@ impl From<Meta> for ObjectMeta {
             resource_version: m.resource_version,
             self_link: m.self_link,
             uid: m.uid,
-        }
+        };
+        (meta, None)
     }
 }
 
-/// What validation reads of ObjectMeta: the opt-out annotation, the name it shows, and the
-/// labels policy profiles match on.
+/// What validation reads of ObjectMeta: the opt-out annotation and the name it shows, and
+/// the labels as text, which only a profile that selects pods reads (a pod's labels are
+/// much of its metadata; left unparsed they cost only the scan).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ValidationMeta {
+struct ValidationMeta<'a> {
     annotations: Option<BTreeMap<String, String>>,
     generate_name: Option<String>,
-    labels: Option<BTreeMap<String, String>>,
+    #[serde(borrow)]
+    labels: Option<&'a RawValue>,
     name: Option<String>,
     namespace: Option<String>,
 }
 
-impl From<ValidationMeta> for ObjectMeta {
-    fn from(m: ValidationMeta) -> ObjectMeta {
-        ObjectMeta {
-            annotations: m.annotations,
-            generate_name: m.generate_name,
-            labels: m.labels,
-            name: m.name,
-            namespace: m.namespace,
+impl<'a> MetaShape<'a> for ValidationMeta<'a> {
+    fn into_parts(self) -> (ObjectMeta, Option<&'a RawValue>) {
+        let meta = ObjectMeta {
+            annotations: self.annotations,
+            generate_name: self.generate_name,
+            name: self.name,
+            namespace: self.namespace,
             ..Default::default()
-        }
+        };
+        (meta, self.labels)
     }
 }
 
@@ -344,7 +377,11 @@ mod tests {
                 "{name}"
             );
             assert_eq!(got.metadata.name, want.metadata.name, "{name}");
-            assert_eq!(got.metadata.labels, want.metadata.labels, "{name}");
+            assert!(got.metadata.labels.is_none(), "{name}");
+            let raw = read_shape(&body, Shape::Validation).unwrap().labels;
+            let labels: Option<BTreeMap<String, String>> =
+                raw.map(|r| serde_json::from_str(r.get()).unwrap());
+            assert_eq!(labels, want.metadata.labels, "{name}");
             assert_eq!(got.metadata.generate_name, want.metadata.generate_name);
             let (ws, gs) = (want.spec.unwrap(), got.spec.unwrap());
             assert_eq!(gs.resources, ws.resources, "{name}");

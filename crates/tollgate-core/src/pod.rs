@@ -12,9 +12,12 @@ pub enum ContainerKind {
     Regular,
 }
 
+/// The restartPolicy that makes an init container a native sidecar.
+pub const SIDECAR_RESTART_POLICY: &str = "Always";
+
 impl ContainerKind {
     pub fn of_init(c: &Container) -> Self {
-        if c.restart_policy.as_deref() == Some("Always") {
+        if c.restart_policy.as_deref() == Some(SIDECAR_RESTART_POLICY) {
             ContainerKind::Sidecar
         } else {
             ContainerKind::Init
@@ -63,14 +66,22 @@ pub fn asked<'a>(c: &'a Container, resource: &str) -> Option<&'a Quantity> {
         .or_else(|| r.limits.as_ref().and_then(|m| m.get(resource)))
 }
 
+/// What [`display_name`] puts after a generateName prefix, and what it says for a pod
+/// with neither (the export writes the same rule in CEL).
+pub const GENERATED_SUFFIX: &str = "*";
+pub const UNNAMED: &str = "(unnamed)";
+
 /// A name a user recognises: the pod's name, or its generateName prefix for controller pods.
 pub fn display_name(pod: &Pod) -> String {
     match (&pod.metadata.name, &pod.metadata.generate_name) {
         (Some(n), _) if !n.is_empty() => n.clone(),
-        (_, Some(g)) if !g.is_empty() => format!("{g}*"),
-        _ => "(unnamed)".to_owned(),
+        (_, Some(g)) if !g.is_empty() => format!("{g}{GENERATED_SUFFIX}"),
+        _ => UNNAMED.to_owned(),
     }
 }
+
+/// The value that turns an annotation on, read trimmed and in any ASCII case.
+pub const TRUE_VALUE: &str = "true";
 
 /// Whether an annotation is present with the value "true".
 pub fn annotation_is_true(pod: &Pod, key: &str) -> bool {
@@ -78,7 +89,7 @@ pub fn annotation_is_true(pod: &Pod, key: &str) -> bool {
         .annotations
         .as_ref()
         .and_then(|a| a.get(key))
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case(TRUE_VALUE))
 }
 
 /// The apiserver's defaulting between the mutating and the validating webhooks, for the

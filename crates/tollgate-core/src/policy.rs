@@ -660,6 +660,14 @@ impl Policy {
         Ok(())
     }
 
+    /// Whether a profile selects pods by their labels (which the validation parse then
+    /// reads).
+    pub fn selects_pods_by_labels(&self) -> bool {
+        self.profiles
+            .iter()
+            .any(|p| p.matches.pod_selector.is_some())
+    }
+
     /// The first profile that matches on namespace labels, which only a cluster context
     /// (or `tollgate review`'s input) knows.
     pub fn needs_namespace_labels(&self) -> Option<&str> {

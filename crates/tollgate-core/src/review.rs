@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::Pod;
 use kube_core::admission::{self, AdmissionRequest, AdmissionResponse, AdmissionReview};
 use kube_core::{DynamicObject, Status};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::cluster::{Cluster, ObjectKey, Offline};
@@ -15,9 +16,10 @@ use crate::gpu::Gpus;
 use crate::mutate::{self, Step};
 use crate::optout::{self, OptOut};
 use crate::policy::{Operation, Policy};
+use crate::profile::{self, PodLabels};
 use crate::requester::Requester;
 use crate::validate::{self, Verdict};
-use crate::{diff, parse, profile};
+use crate::{diff, parse};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -174,8 +176,15 @@ pub fn review_bytes_with(
         Endpoint::Mutate => parse::Shape::Full,
         Endpoint::Validate => parse::Shape::Validation,
     };
-    if let Some(req) = parse::request(body, shape) {
-        return Ok(review_parsed(endpoint, policy, cluster, req, body));
+    if let Some(parsed) = parse::read_shape(body, shape) {
+        return Ok(review_parsed(
+            endpoint,
+            policy,
+            cluster,
+            parsed.request,
+            parsed.labels,
+            body,
+        ));
     }
     // The exact parse: slower, and what decides how a body that is not a review of a pod
     // is answered.
@@ -184,17 +193,20 @@ pub fn review_bytes_with(
             check_envelope(&review.types.api_version, &review.types.kind)?;
             let req: AdmissionRequest<Pod> =
                 review.try_into().map_err(|_| ReviewError::NoRequest)?;
-            Ok(review_parsed(endpoint, policy, cluster, req, body))
+            Ok(review_parsed(endpoint, policy, cluster, req, None, body))
         }
         Err(typed_err) => slow_path(endpoint, body, typed_err),
     }
 }
 
+/// `raw_labels`: the pod's labels where the parse left them as text (else they are the
+/// object's own).
 fn review_parsed(
     endpoint: Endpoint,
     policy: &Policy,
     cluster: &dyn Cluster,
     req: AdmissionRequest<Pod>,
+    raw_labels: Option<&RawValue>,
     body: &[u8],
 ) -> Reviewed {
     // Along every path a mutation patches, the typed model tells an absent or null field
@@ -204,7 +216,7 @@ fn review_parsed(
     let ambiguous = req.object.as_ref().is_some_and(|p| {
         p.metadata == Default::default() || p.spec.as_ref().is_some_and(|s| s.containers.is_empty())
     });
-    let mut reviewed = review_request(endpoint, policy, cluster, req);
+    let mut reviewed = review_request_labelled(endpoint, policy, cluster, req, raw_labels);
     if reviewed.response.patch.is_some() && ambiguous {
         anchor_to_sent_object(&mut reviewed, body);
     }
@@ -394,7 +406,19 @@ pub fn review_request(
     endpoint: Endpoint,
     policy: &Policy,
     cluster: &dyn Cluster,
+    req: AdmissionRequest<Pod>,
+) -> Reviewed {
+    review_request_labelled(endpoint, policy, cluster, req, None)
+}
+
+/// [`review_request`], with the pod's labels as text when the parse left them so (None:
+/// they are the object's own).
+fn review_request_labelled(
+    endpoint: Endpoint,
+    policy: &Policy,
+    cluster: &dyn Cluster,
     mut req: AdmissionRequest<Pod>,
+    raw_labels: Option<&RawValue>,
 ) -> Reviewed {
     let mut reviewed = skeleton(endpoint, &req, req.object.as_ref());
     let Some(pod) = req.object.take() else {
@@ -416,7 +440,11 @@ pub fn review_request(
         username,
         groups,
     };
-    let selected = profile::select(policy, namespace, pod.metadata.labels.as_ref(), cluster);
+    let labels = match raw_labels {
+        Some(raw) => PodLabels::Raw(Some(raw)),
+        None => PodLabels::Parsed(pod.metadata.labels.as_ref()),
+    };
+    let selected = profile::select(policy, namespace, labels, cluster);
     let policy = selected.policy;
     reviewed.profile = selected.profile.map(str::to_owned);
     reviewed.unresolved.extend(selected.unresolved);

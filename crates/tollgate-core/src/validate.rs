@@ -5,7 +5,6 @@
 //! module judges the pod exactly as it was sent.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -13,6 +12,53 @@ use crate::optout::{self, OptOut};
 use crate::pod::{containers, display_name};
 use crate::policy::{Mode, Operation, Policy};
 use crate::requester::Requester;
+use crate::words::{join_words, quote, Template};
+
+// The words of every message validation writes. `export` fills the same templates with
+// CEL, so that a ValidatingAdmissionPolicy says exactly what the webhook says.
+
+/// The denial's first line.
+pub const HEADLINE: Template =
+    Template("pod {pod} must request {required} for every container, and some do not:");
+/// One line per container that lacks requests.
+pub const CONTAINER_LINE: Template =
+    Template("  - {noun} {container} has no request for {resources}");
+/// The fix-it lines after the containers, before the example amounts.
+pub const FIX_LINES: [&str; 3] = [
+    "Fix: add requests sized for your workload to each container listed, for example:",
+    "    resources:",
+    "      requests:",
+];
+/// One example amount, for each required resource that is missing somewhere.
+pub const EXAMPLE_LINE: Template = Template("        {resource}: {amount}");
+/// The last line when the pod asked to opt out and may not.
+pub const REFUSED_LINE: Template =
+    Template("This pod asks to opt out, but {why}; ask your platform team.");
+/// The last line when the pod did not ask and could.
+pub const OFFER_LINE: Template =
+    Template("Or, to skip this check for this pod, add the annotation {annotation}: \"true\".");
+/// Warn mode: one warning per container, then [`WARN_FIX`].
+pub const WARN_CONTAINER: Template = Template(
+    "tollgate: {noun} {container} has no {resources} request; such pods will be refused once enforcement starts",
+);
+/// Between the resources of one container in a warning.
+pub const WARN_OR: &str = " or ";
+pub const WARN_FIX: Template =
+    Template("tollgate: add resources.requests ({required}) to each container listed");
+/// Between the required resources in [`WARN_FIX`].
+pub const WARN_FIX_SEPARATOR: &str = ", ";
+/// The audit annotation of an honoured opt-out, and of missing requests in warn and audit mode.
+pub const OPT_OUT_AUDIT_KEY: &str = "opt-out";
+pub const MISSING_AUDIT_KEY: &str = "missing-requests";
+/// One container in the missing-requests audit annotation.
+pub const SUMMARY_ENTRY: Template = Template("{noun} {container}: {resources}");
+/// Between the resources of one container, and between containers, in that annotation.
+pub const SUMMARY_RESOURCE_SEPARATOR: &str = ",";
+pub const SUMMARY_SEPARATOR: &str = "; ";
+/// The warning of an honoured opt-out.
+pub const OPTED_OUT_WARNING: Template = Template(
+    "tollgate: pod {pod} opted out ({annotation}); its resource requests were not checked",
+);
 
 /// What the validation decided, with everything the response and the logs need.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,12 +161,12 @@ pub fn validate(policy: &Policy, pod: &Pod, operation: Operation, who: &Requeste
     let opt_out = optout::decide(policy, pod, who);
     if opt_out == OptOut::Honoured {
         let mut d = Decision::allow(Verdict::OptedOut);
-        d.warnings.push(format!(
-            "tollgate: pod {name:?} opted out ({}); its resource requests were not checked",
-            policy.opt_out.annotation
-        ));
+        d.warnings.push(OPTED_OUT_WARNING.fill(&[
+            ("pod", &quote(&name)),
+            ("annotation", &policy.opt_out.annotation),
+        ]));
         d.audit_annotations
-            .insert("opt-out".into(), optout::audit_note(who));
+            .insert(OPT_OUT_AUDIT_KEY.into(), optout::audit_note(who));
         d.opt_out = Some(opt_out);
         return d;
     }
@@ -132,9 +178,15 @@ pub fn validate(policy: &Policy, pod: &Pod, operation: Operation, who: &Requeste
     }
     let summary = missing
         .iter()
-        .map(|m| format!("{} {}: {}", m.noun, m.container, m.resources.join(",")))
+        .map(|m| {
+            SUMMARY_ENTRY.fill(&[
+                ("noun", m.noun),
+                ("container", &m.container),
+                ("resources", &m.resources.join(SUMMARY_RESOURCE_SEPARATOR)),
+            ])
+        })
         .collect::<Vec<_>>()
-        .join("; ");
+        .join(SUMMARY_SEPARATOR);
     let mut d = match rule.mode {
         Mode::Enforce => Decision {
             allowed: false,
@@ -150,26 +202,24 @@ pub fn validate(policy: &Policy, pod: &Pod, operation: Operation, who: &Requeste
             d.warnings = missing
                 .iter()
                 .map(|m| {
-                    format!(
-                        "tollgate: {} {:?} has no {} request; such pods will be refused once enforcement starts",
-                        m.noun,
-                        m.container,
-                        m.resources.join(" or ")
-                    )
+                    WARN_CONTAINER.fill(&[
+                        ("noun", m.noun),
+                        ("container", &quote(&m.container)),
+                        ("resources", &m.resources.join(WARN_OR)),
+                    ])
                 })
                 .collect();
-            d.warnings.push(format!(
-                "tollgate: add resources.requests ({}) to each container listed",
-                rule.required_requests.join(", ")
-            ));
+            d.warnings.push(
+                WARN_FIX.fill(&[("required", &rule.required_requests.join(WARN_FIX_SEPARATOR))]),
+            );
             d.audit_annotations
-                .insert("missing-requests".into(), summary);
+                .insert(MISSING_AUDIT_KEY.into(), summary);
             d
         }
         Mode::Audit => {
             let mut d = Decision::allow(Verdict::MissingRequests);
             d.audit_annotations
-                .insert("missing-requests".into(), summary);
+                .insert(MISSING_AUDIT_KEY.into(), summary);
             d
         }
     };
@@ -187,67 +237,42 @@ fn denial_message(
     who: &Requester<'_>,
 ) -> String {
     let required = &policy.validation.required_requests;
-    let mut m = format!(
-        "pod {name:?} must request {} for every container, and some do not:\n",
-        join_words(required)
-    );
+    let mut lines =
+        vec![HEADLINE.fill(&[("pod", &quote(name)), ("required", &join_words(required))])];
     for x in missing {
-        let _ = writeln!(
-            m,
-            "  - {} {:?} has no request for {}",
-            x.noun,
-            x.container,
-            join_words(&x.resources)
-        );
+        lines.push(CONTAINER_LINE.fill(&[
+            ("noun", x.noun),
+            ("container", &quote(&x.container)),
+            ("resources", &join_words(&x.resources)),
+        ]));
     }
-    m.push_str(
-        "Fix: add requests sized for your workload to each container listed, for example:\n",
-    );
-    m.push_str("    resources:\n      requests:\n");
+    lines.extend(FIX_LINES.iter().map(|l| (*l).to_owned()));
     // Only what is missing somewhere, in the policy's order: the lines a user has to add.
     for r in required
         .iter()
         .filter(|r| missing.iter().any(|x| x.resources.contains(r)))
     {
-        let _ = writeln!(m, "        {r}: {}", example_amount(r));
+        lines.push(EXAMPLE_LINE.fill(&[("resource", r), ("amount", example_amount(r))]));
     }
     let annotation = &policy.opt_out.annotation;
     match opt_out {
-        OptOut::Refused(why) => {
-            let _ = write!(
-                m,
-                "This pod asks to opt out, but {why}; ask your platform team."
-            );
-        }
+        OptOut::Refused(why) => lines.push(REFUSED_LINE.fill(&[("why", why)])),
         // Offered only where it would be honoured: pointing at a door that is locked for
         // this user helps nobody.
         _ if optout::permitted(policy, who).is_ok() => {
-            let _ = write!(
-                m,
-                "Or, to skip this check for this pod, add the annotation {annotation}: \"true\"."
-            );
+            lines.push(OFFER_LINE.fill(&[("annotation", annotation)]))
         }
         _ => {}
     }
-    while m.ends_with('\n') {
-        m.pop();
-    }
-    m
+    lines.join("\n")
 }
 
-fn example_amount(resource: &str) -> &'static str {
+/// The amount the fix-it lines suggest for a resource.
+pub fn example_amount(resource: &str) -> &'static str {
     match resource {
         "cpu" => "\"1\"",
         "memory" => "2Gi",
         "ephemeral-storage" => "1Gi",
         _ => "\"1\"",
-    }
-}
-
-fn join_words(items: &[String]) -> String {
-    match items {
-        [] => String::new(),
-        [one] => one.clone(),
-        [init @ .., last] => format!("{} and {last}", init.join(", ")),
     }
 }

@@ -1,0 +1,139 @@
+//! The words of tollgate's messages, as templates with named holes.
+//!
+//! The webhook fills a template with text; `export` fills the same template with CEL
+//! expressions, so that a ValidatingAdmissionPolicy's message says what the webhook says
+//! because both are written from one definition, not because two copies were kept in step.
+
+/// A message with holes written `{name}`. Holes have no escape: no message needs a brace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Template(pub &'static str);
+
+/// A part of a template: literal text, or the name of a hole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece {
+    Text(&'static str),
+    Hole(&'static str),
+}
+
+impl Template {
+    /// The template's parts in order; empty texts are left out.
+    pub fn pieces(self) -> Vec<Piece> {
+        let mut out = vec![];
+        let mut rest = self.0;
+        while let Some(open) = rest.find('{') {
+            let Some(len) = rest[open..].find('}') else {
+                break;
+            };
+            if open > 0 {
+                out.push(Piece::Text(&rest[..open]));
+            }
+            out.push(Piece::Hole(&rest[open + 1..open + len]));
+            rest = &rest[open + len + 1..];
+        }
+        if !rest.is_empty() {
+            out.push(Piece::Text(rest));
+        }
+        out
+    }
+
+    /// The template with each hole replaced by its value. A hole without a value stays
+    /// as written, which the tests of each message would show at once.
+    pub fn fill(self, values: &[(&str, &str)]) -> String {
+        let mut out = String::with_capacity(self.0.len() + 32);
+        for piece in self.pieces() {
+            match piece {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Hole(h) => match values.iter().find(|(k, _)| *k == h) {
+                    Some((_, v)) => out.push_str(v),
+                    None => {
+                        out.push('{');
+                        out.push_str(h);
+                        out.push('}');
+                    }
+                },
+            }
+        }
+        out
+    }
+
+    /// The template without the spaces that indent it as a line of a multi-line message.
+    pub fn unindented(self) -> Template {
+        Template(self.0.trim_start_matches(' '))
+    }
+}
+
+/// "a, b and c": the separator between all but the last two items, and before the last.
+pub const COMMA: &str = ", ";
+pub const AND: &str = " and ";
+
+/// Items as a person lists them: "cpu", "cpu and memory", "cpu, memory and nvidia.com/gpu".
+pub fn join_words(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{}{AND}{last}", init.join(COMMA)),
+    }
+}
+
+/// A name in double quotes, escaped as Rust's `{:?}` does (which is what every message of
+/// the webhook has always written).
+pub fn quote(text: &str) -> String {
+    format!("{text:?}")
+}
+
+/// A multi-line message on one line, the way a ValidatingAdmissionPolicy must say it (the
+/// apiserver drops a message that holds a line break): each line without its indentation,
+/// the lines joined by one space.
+pub fn one_line<'a>(lines: impl IntoIterator<Item = &'a str>) -> String {
+    lines
+        .into_iter()
+        .map(|l| l.trim_start_matches(' '))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_split_into_text_and_holes() {
+        let t = Template("pod {pod} lacks {what}.");
+        assert_eq!(
+            t.pieces(),
+            [
+                Piece::Text("pod "),
+                Piece::Hole("pod"),
+                Piece::Text(" lacks "),
+                Piece::Hole("what"),
+                Piece::Text("."),
+            ]
+        );
+        assert_eq!(
+            t.fill(&[("pod", "\"a\""), ("what", "cpu")]),
+            "pod \"a\" lacks cpu."
+        );
+        assert_eq!(t.fill(&[("pod", "x")]), "pod x lacks {what}.");
+        assert_eq!(
+            Template("{a}{b}").pieces(),
+            [Piece::Hole("a"), Piece::Hole("b")]
+        );
+        assert_eq!(Template("  - {x}").unindented(), Template("- {x}"));
+    }
+
+    #[test]
+    fn words_are_joined_as_a_person_lists_them() {
+        let w =
+            |items: &[&str]| join_words(&items.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(w(&[]), "");
+        assert_eq!(w(&["cpu"]), "cpu");
+        assert_eq!(w(&["cpu", "memory"]), "cpu and memory");
+        assert_eq!(w(&["a", "b", "c"]), "a, b and c");
+    }
+
+    #[test]
+    fn one_line_drops_indentation_and_line_breaks() {
+        assert_eq!(one_line("a:\n  - b\n    c".split('\n')), "a: - b c");
+        assert_eq!(quote("a\"b\\c\n"), r#""a\"b\\c\n""#);
+    }
+}
