@@ -1,6 +1,6 @@
 //! Prometheus metrics, served on their own plain-HTTP port.
 
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicU64};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -75,6 +75,40 @@ pub struct ProfileLabels {
     pub profile: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct FindingLabels {
+    /// A namespace with findings: as many values as namespaces have findings.
+    pub namespace: String,
+    /// One of the audit's rules (`requests`, a mutation step, `opt-out`, `review`).
+    pub rule: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReportLabels {
+    /// created, updated or deleted.
+    pub action: &'static str,
+}
+
+/// The background audit's series (`serve --audit-interval`). Clones share the series: the
+/// audit's task holds one.
+#[derive(Clone, Default)]
+pub struct AuditMetrics {
+    /// Findings of the last run, by namespace and rule; a namespace with none has no
+    /// series. Bounded by namespaces x 7 rules.
+    pub findings: Family<FindingLabels, Gauge>,
+    /// 1 while this replica holds the audit Lease.
+    pub leader: Gauge,
+    pub runs: Family<ResultLabels, Counter>,
+    pub last_run: Gauge<i64, AtomicI64>,
+    pub last_duration: Gauge<f64, AtomicU64>,
+    pub last_objects: Gauge,
+    pub objects: Counter,
+    pub errors: Counter,
+    /// Time spent judging objects (CPU-bound work; lists and pacing waits excluded).
+    pub busy: Counter<f64, AtomicU64>,
+    pub reports: Family<ReportLabels, Counter>,
+}
+
 /// Every metric tollgate exports. Cheap to update: atomics behind a lock-free map lookup.
 pub struct Metrics {
     pub registry: Registry,
@@ -102,6 +136,7 @@ pub struct Metrics {
     pub cluster_last_sync: Family<ResourceLabels, Gauge>,
     pub cluster_restarts: Family<ResourceLabels, Counter>,
     pub cluster_fetches: Family<FetchLabels, Counter>,
+    pub audit: AuditMetrics,
 }
 
 /// Review latency buckets: 50 microseconds (a review's own cost) to 10 seconds (the
@@ -231,6 +266,57 @@ impl Metrics {
             "GETs of objects the cache did not hold, by result (found, absent, failed)",
             cluster_fetches.clone(),
         );
+        let audit = AuditMetrics::default();
+        registry.register(
+            "audit_findings",
+            "Findings of the last background audit, by namespace and rule",
+            audit.findings.clone(),
+        );
+        registry.register(
+            "audit_leader",
+            "1 while this replica holds the audit Lease and runs the background audit",
+            audit.leader.clone(),
+        );
+        registry.register(
+            "audit_runs",
+            "Background audit runs, by result (success, failure)",
+            audit.runs.clone(),
+        );
+        registry.register(
+            "audit_last_run_timestamp_seconds",
+            "When the last complete background audit run ended, seconds since the Unix epoch",
+            audit.last_run.clone(),
+        );
+        registry.register(
+            "audit_last_run_duration_seconds",
+            "How long the last complete background audit run took",
+            audit.last_duration.clone(),
+        );
+        registry.register(
+            "audit_last_run_objects",
+            "Objects judged by the last complete background audit run",
+            audit.last_objects.clone(),
+        );
+        registry.register(
+            "audit_objects",
+            "Objects judged by the background audit",
+            audit.objects.clone(),
+        );
+        registry.register(
+            "audit_errors",
+            "Lists and report writes of the background audit that failed",
+            audit.errors.clone(),
+        );
+        registry.register(
+            "audit_busy_seconds",
+            "Time the background audit spent judging objects (its CPU-bound work)",
+            audit.busy.clone(),
+        );
+        registry.register(
+            "audit_reports",
+            "PolicyReports written by the background audit, by action (created, updated, deleted)",
+            audit.reports.clone(),
+        );
         let metrics = Metrics {
             registry,
             reviews,
@@ -252,6 +338,7 @@ impl Metrics {
             cluster_last_sync,
             cluster_restarts,
             cluster_fetches,
+            audit,
         };
         metrics.initialise_series();
         metrics
@@ -309,6 +396,12 @@ impl Metrics {
             let _ = self.denials.get_or_create(&ReasonLabels {
                 reason: reason.as_str(),
             });
+        }
+        for result in ["success", "failure"] {
+            let _ = self.audit.runs.get_or_create(&ResultLabels { result });
+        }
+        for action in ["created", "updated", "deleted"] {
+            let _ = self.audit.reports.get_or_create(&ReportLabels { action });
         }
     }
 

@@ -3,6 +3,10 @@
 //!
 //! Every test that renders needs `kubectl` on PATH; without it they print why and pass.
 
+#[path = "support/apiserver.rs"]
+mod apiserver;
+mod common;
+
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -831,6 +835,307 @@ fn arg_present(container: &Value, flag: &str) -> bool {
         .unwrap()
         .iter()
         .any(|a| a == flag)
+}
+
+/// What the component gives the audit, as (apiGroup/resource, verb, resourceName) grants of
+/// the Roles and ClusterRoles bound to tollgate's service account, with the namespace a
+/// Role's grants hold in (None: a ClusterRole's, everywhere).
+fn grants(docs: &[Value]) -> Vec<(Option<String>, String, String, Option<String>)> {
+    let bound = |kind: &str, name: &str, ns: Option<&str>| {
+        docs.iter().any(|b| {
+            b["kind"]
+                == if kind == "Role" {
+                    "RoleBinding"
+                } else {
+                    "ClusterRoleBinding"
+                }
+                && b["roleRef"]["kind"] == kind
+                && b["roleRef"]["name"] == name
+                && ns.is_none_or(|n| b["metadata"]["namespace"] == n)
+                && b["subjects"].as_array().unwrap().iter().any(|s| {
+                    s["kind"] == "ServiceAccount"
+                        && s["name"] == "tollgate"
+                        && s["namespace"] == NAMESPACE
+                })
+        })
+    };
+    let mut out = vec![];
+    for role in docs
+        .iter()
+        .filter(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole")
+    {
+        let kind = role["kind"].as_str().unwrap();
+        let name = role["metadata"]["name"].as_str().unwrap();
+        let ns = role["metadata"]["namespace"].as_str();
+        if !bound(kind, name, ns) {
+            continue;
+        }
+        for rule in role["rules"].as_array().unwrap() {
+            let names: Vec<Option<String>> = match rule["resourceNames"].as_array() {
+                Some(n) => n
+                    .iter()
+                    .map(|x| Some(x.as_str().unwrap().to_owned()))
+                    .collect(),
+                None => vec![None],
+            };
+            for g in rule["apiGroups"].as_array().unwrap() {
+                for r in rule["resources"].as_array().unwrap() {
+                    for v in rule["verbs"].as_array().unwrap() {
+                        for n in &names {
+                            out.push((
+                                ns.map(str::to_owned),
+                                format!("{}/{}", g.as_str().unwrap(), r.as_str().unwrap()),
+                                v.as_str().unwrap().to_owned(),
+                                n.clone(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// deploy/components/policy-reports turns the audit on with what it needs and nothing
+/// else; its crd component is the PolicyReport CRD the server writes.
+#[test]
+fn the_audit_component_adds_its_flag_rbac_and_crd_and_nothing_else() {
+    if !kubectl_available() {
+        return;
+    }
+    let docs = render(&root().join("deploy/overlays/audit"));
+    let plain = render(&root().join("deploy/overlays/cert-manager"));
+    let mut added: Vec<String> = kinds(&docs);
+    for k in kinds(&plain) {
+        let i = added.iter().position(|a| *a == k).unwrap();
+        added.remove(i);
+    }
+    assert_eq!(
+        added,
+        [
+            "ClusterRole/\"tollgate-audit\"",
+            "ClusterRoleBinding/\"tollgate-audit\"",
+            "CustomResourceDefinition/\"policyreports.wgpolicyk8s.io\"",
+            "Role/\"tollgate-audit-lease\"",
+            "RoleBinding/\"tollgate-audit-lease\"",
+        ]
+    );
+    let c = container(&docs);
+    let interval = arg(c, "--audit-interval");
+    assert_eq!(
+        tollgate::cli::parse_duration(interval),
+        Ok(std::time::Duration::from_secs(600))
+    );
+    let env = c["env"].as_array().unwrap();
+    assert!(env
+        .iter()
+        .any(|e| e["name"] == "POD_NAME"
+            && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"));
+    let mut plain_args = container(&plain)["args"].as_array().unwrap().clone();
+    plain_args.extend([Value::from("--audit-interval"), Value::from(interval)]);
+    // The namespaces the webhooks never act in are not audited either.
+    let never = webhook(&docs, "ValidatingWebhookConfiguration")["namespaceSelector"]
+        ["matchExpressions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["key"] == "kubernetes.io/metadata.name" && e["operator"] == "NotIn")
+        .unwrap()["values"]
+        .clone();
+    for ns in never.as_array().unwrap() {
+        plain_args.extend([Value::from("--audit-exclude-namespace"), ns.clone()]);
+    }
+    assert_eq!(
+        c["args"].as_array().unwrap(),
+        &plain_args,
+        "only the audit's flags are added"
+    );
+
+    let lease_role = find(&docs, "Role", "tollgate-audit-lease");
+    assert_eq!(lease_role["metadata"]["namespace"], NAMESPACE);
+    let mut audit: Vec<String> = grants(&docs)
+        .into_iter()
+        .filter(|(_, r, _, _)| {
+            r.starts_with("/pods") || r.contains("policyreports") || r.contains("leases")
+        })
+        .map(|(ns, r, v, n)| {
+            format!(
+                "{}{r} {v}{}",
+                ns.map(|n| format!("{n}:")).unwrap_or_default(),
+                n.map(|n| format!(" {n}")).unwrap_or_default()
+            )
+        })
+        .collect();
+    audit.sort();
+    assert_eq!(
+        audit,
+        [
+            "/pods list",
+            "tollgate-system:coordination.k8s.io/leases create",
+            "tollgate-system:coordination.k8s.io/leases get tollgate-audit",
+            "tollgate-system:coordination.k8s.io/leases update tollgate-audit",
+            "wgpolicyk8s.io/policyreports create",
+            "wgpolicyk8s.io/policyreports delete",
+            "wgpolicyk8s.io/policyreports get",
+            "wgpolicyk8s.io/policyreports list",
+            "wgpolicyk8s.io/policyreports update",
+        ]
+    );
+
+    let crd = find(
+        &docs,
+        "CustomResourceDefinition",
+        "policyreports.wgpolicyk8s.io",
+    );
+    assert_eq!(crd["spec"]["group"], "wgpolicyk8s.io");
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    assert_eq!(crd["spec"]["names"]["kind"], tollgate::audit::report::KIND);
+    let v = &crd["spec"]["versions"][0];
+    assert_eq!(
+        format!("wgpolicyk8s.io/{}", v["name"].as_str().unwrap()),
+        tollgate::audit::report::API_VERSION
+    );
+    assert_eq!(
+        (v["served"].as_bool(), v["storage"].as_bool()),
+        (Some(true), Some(true))
+    );
+    let props = &v["schema"]["openAPIV3Schema"]["properties"];
+    assert_eq!(
+        props["results"]["items"]["properties"]["properties"]["additionalProperties"]["type"],
+        "string"
+    );
+    // Without the crd component: the same, less the CRD (clusters with Kyverno have it).
+    // Kustomize takes only relative paths: from the temporary directory up to `/`, then
+    // down to this checkout.
+    let dir = tempfile::tempdir().unwrap();
+    let up = "../".repeat(dir.path().components().count() - 1);
+    let here = format!(
+        "{up}{}",
+        root().display().to_string().trim_start_matches('/')
+    );
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!(
+            "resources:\n  - {here}/deploy/overlays/cert-manager\ncomponents:\n  - {here}/deploy/components/policy-reports\n"
+        ),
+    )
+    .unwrap();
+    let without = render(dir.path());
+    assert_eq!(without.len(), docs.len() - 1);
+    assert!(without
+        .iter()
+        .all(|d| d["kind"] != "CustomResourceDefinition"));
+}
+
+/// Every request the background audit and the cluster context make (taken from the
+/// stand-in's request log after a real server audited a cluster) is one the RBAC of the
+/// base and the audit component grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_of_the_audit_is_granted_by_the_rbac() {
+    if !kubectl_available() {
+        return;
+    }
+    use serde_json::json;
+    let api = apiserver::ApiServer::start().await;
+    for ns in ["ml", "clean"] {
+        api.insert("namespaces", json!({"metadata": {"name": ns}}));
+    }
+    api.insert(
+        "pods",
+        json!({"metadata": {"name": "nb", "namespace": "ml"},
+        "spec": {"containers": [{"name": "j", "image": "j"}]}}),
+    );
+    api.insert(
+        "pods",
+        json!({"metadata": {"name": "ok", "namespace": "clean"},
+        "spec": {"containers": [{"name": "j", "image": "j",
+            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}),
+    );
+    // A stale report, for the delete.
+    api.insert(
+        "policyreports",
+        json!({"metadata": {"name": "tollgate", "namespace": "clean",
+        "labels": {"app.kubernetes.io/managed-by": "tollgate"}}}),
+    );
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    api.write_kubeconfig(kubeconfig.path()).unwrap();
+    let path = kubeconfig.path().to_owned();
+    let server = common::net::start(|o| {
+        o.cluster = Some(tollgate::server::ClusterOptions {
+            kubeconfig: Some(path.clone()),
+            context: None,
+            fetch_timeout: std::time::Duration::from_millis(500),
+        });
+        let mut a = tollgate::server::AuditOptions::new(std::time::Duration::from_millis(100));
+        a.rate = 0;
+        a.kubeconfig = Some(path.clone());
+        // As in a pod: the Lease in the server's own namespace.
+        a.lease_namespace = Some(NAMESPACE.into());
+        o.audit = Some(a);
+    })
+    .await;
+    let started = std::time::Instant::now();
+    while api.get("policyreports", Some("ml"), "tollgate").is_none()
+        || api
+            .get("policyreports", Some("clean"), "tollgate")
+            .is_some()
+    {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "no audit run"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    server.running.shutdown().await;
+
+    let docs = render(&root().join("deploy/overlays/audit"));
+    let granted = grants(&docs);
+    let mut checked = std::collections::BTreeSet::new();
+    for r in api.requests() {
+        if r.verb == apiserver::Verb::Other {
+            continue; // discovery and /version: non-resource URLs every account may read
+        }
+        let Some(resource) = r.resource.clone() else {
+            continue;
+        };
+        let group = match resource.as_str() {
+            "pods" | "namespaces" => "",
+            "leases" => "coordination.k8s.io",
+            "resourceclaims" | "resourceclaimtemplates" => "resource.k8s.io",
+            "policyreports" => "wgpolicyk8s.io",
+            other => panic!("the audit touched {other}"),
+        };
+        let key = format!("{group}/{resource}");
+        let verb = r.verb.as_str();
+        let ok = granted.iter().any(|(ns, res, v, name)| {
+            *res == key
+                && v == verb
+                && ns.as_ref().is_none_or(|n| r.namespace.as_ref() == Some(n))
+                && name.as_ref().is_none_or(|n| r.name.as_ref() == Some(n))
+        });
+        assert!(
+            ok,
+            "{verb} {key} in {:?} ({:?}) is not granted",
+            r.namespace, r.name
+        );
+        checked.insert(format!("{verb} {key}"));
+    }
+    for wanted in [
+        "list /pods",
+        "create wgpolicyk8s.io/policyreports",
+        "delete wgpolicyk8s.io/policyreports",
+        "list wgpolicyk8s.io/policyreports",
+        "get coordination.k8s.io/leases",
+        "create coordination.k8s.io/leases",
+        "update coordination.k8s.io/leases",
+        "watch resource.k8s.io/resourceclaimtemplates",
+    ] {
+        assert!(
+            checked.contains(wanted),
+            "{wanted} was not exercised: {checked:?}"
+        );
+    }
 }
 
 const NATIVE_VALIDATION: &str = "deploy/overlays/native-validation";

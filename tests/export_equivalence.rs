@@ -308,7 +308,7 @@ fn webhook(policy: &Policy, review: &Value, namespace: &Value) -> Decision {
     let pod = pod_of(review);
     let labels = pod.as_ref().and_then(|p| p.metadata.labels.as_ref());
     let ns = review["request"]["namespace"].as_str().unwrap_or("");
-    let policy = profile::select(policy, ns, labels, &cluster).policy;
+    let policy = profile::select(policy, ns, profile::PodLabels::Parsed(labels), &cluster).policy;
     let failed = r.verdict == Some(Verdict::MissingRequests);
     let response = &r.response;
     let message = if !failed {

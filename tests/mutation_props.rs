@@ -13,6 +13,7 @@ use tollgate_core::cluster::Objects;
 use tollgate_core::gpu::Gpus;
 use tollgate_core::mutate::Outcome;
 use tollgate_core::policy::{Policy, SidecarMode};
+use tollgate_core::profile::PodLabels;
 use tollgate_core::quantity;
 use tollgate_core::review::{review_bytes_with, Endpoint};
 
@@ -576,7 +577,12 @@ fn generated_reviews_patch_cleanly() {
         }
         let mut expected: Pod = serde_json::from_value(object.clone()).unwrap();
         let labels = expected.metadata.labels.clone();
-        let chosen = tollgate_core::profile::select(&policy, "ml", labels.as_ref(), context);
+        let chosen = tollgate_core::profile::select(
+            &policy,
+            "ml",
+            PodLabels::Parsed(labels.as_ref()),
+            context,
+        );
         assert_eq!(chosen.profile.is_some(), profiled, "seed {seed}");
         let gpus = Gpus::of(chosen.policy, &expected, "ml", context);
         tollgate_core::mutate::mutate(chosen.policy, &mut expected, &gpus, chosen.profile);

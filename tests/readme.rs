@@ -35,6 +35,7 @@ fn cli_reference_names_every_flag_of_every_command() {
     for cmd in [
         "serve",
         "review",
+        "audit",
         "certs",
         "register",
         "export validating-admission-policy",

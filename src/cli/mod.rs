@@ -1,8 +1,10 @@
-//! The command line: `serve`, `review`, `certs`, `register` and `export`.
+//! The command line: `serve`, `review`, `audit`, `certs`, `register` and `export`.
 
+mod audit;
 mod export;
 mod review;
 
+pub use audit::AuditArgs;
 pub use export::{ExportArgs, ExportCommand, VapArgs};
 pub use review::{
     add_context, documents, run_review, split, synthetic_review, CliResult, Input, Output,
@@ -35,6 +37,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run the policy over a Pod or an AdmissionReview offline, as the server would.
     Review(ReviewArgs),
+    /// Judge the pods of a live cluster as a CREATE of each would be judged: what would be
+    /// refused and why, what mutation would add, which opt-outs hold.
+    Audit(AuditArgs),
     /// Write a CA and a serving certificate for the webhook's Service.
     Certs(CertsArgs),
     /// Create or update the webhook configurations in a cluster (without cert-manager).
@@ -116,6 +121,19 @@ pub struct ServeArgs {
     /// milliseconds (one GET each, all at once).
     #[arg(long, default_value_t = 500)]
     pub cluster_fetch_timeout_ms: u64,
+    /// Audit the cluster in the background this often (`30s`, `10m`, `1h`): one
+    /// PolicyReport per namespace with findings, by the one replica holding the audit
+    /// Lease [default: off].
+    #[arg(long, value_parser = parse_duration)]
+    pub audit_interval: Option<Duration>,
+    /// Most objects the background audit judges per second, so that it never competes
+    /// with reviews for the CPU.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
+    pub audit_rate: u32,
+    /// A namespace (name or glob) the background audit leaves out, as the webhooks' own
+    /// namespaceSelector does (repeatable).
+    #[arg(long = "audit-exclude-namespace")]
+    pub audit_exclude_namespaces: Vec<String>,
     /// Benchmarks only: answer every review with a constant "allowed" without reading it,
     /// over the same TLS and HTTP stack (the floor of benches/load.rs).
     #[arg(long, hide = true)]
@@ -156,6 +174,7 @@ pub fn main() -> i32 {
             }
         },
         Command::Review(a) => review::run(&a),
+        Command::Audit(a) => audit::run(&a),
         Command::Export(a) => export::run(&a),
         Command::Register(a) => {
             let result = tokio::runtime::Builder::new_current_thread()
@@ -249,6 +268,14 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
             fetch_timeout: Duration::from_millis(a.cluster_fetch_timeout_ms.max(1)),
         }),
         drain_timeout: Duration::from_millis(a.drain_timeout_ms),
+        audit: a.audit_interval.map(|interval| {
+            let mut o = server::AuditOptions::new(interval);
+            o.rate = a.audit_rate;
+            o.exclude.clone_from(&a.audit_exclude_namespaces);
+            o.kubeconfig.clone_from(&a.kubeconfig);
+            o.context.clone_from(&a.context);
+            o
+        }),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -274,9 +301,56 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
+/// `500ms`, `30s`, `10m`, `1h30m`: a number and a unit, repeated.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("{text:?} is not a duration such as 30s, 10m or 1h30m");
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let one = match &rest[..unit] {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            _ => return Err(bad()),
+        };
+        total += one;
+        rest = &rest[unit..];
+    }
+    if total.is_zero() {
+        return Err(format!("{text:?}: the interval must be longer than zero"));
+    }
+    Ok(total)
+}
+
 fn dev_certs() -> anyhow::Result<(PathBuf, PathBuf)> {
     let dir = Path::new("certs/dev");
     let bundle = crate::certs::generate(&["localhost".to_owned(), "127.0.0.1".to_owned()], 30)?;
     crate::certs::write(dir, &bundle)?;
     Ok((dir.join("tls.crt"), dir.join("tls.key")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_kubectl_writes_them() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        for bad in ["", "10", "m", "10x", "1.5h", "0s", "-1s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
 }

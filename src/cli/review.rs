@@ -18,8 +18,10 @@ use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 
 use tollgate_core::cluster::{Cluster, Objects};
+pub use tollgate_core::pipeline::synthetic_review;
+use tollgate_core::pipeline::{self, group_version};
 use tollgate_core::policy::Policy;
-use tollgate_core::review::{review_bytes_with, Endpoint, Reviewed};
+use tollgate_core::review::Reviewed;
 use tollgate_core::workload::TemplateVerdict;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -103,16 +105,20 @@ pub fn run(a: &ReviewArgs) -> i32 {
     }
 }
 
-fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
-    let policy = match &a.policy {
+/// `--policy FILE`, or the built-in policy; an error is the one line to show.
+pub fn load_policy(path: Option<&std::path::Path>) -> Result<Policy, String> {
+    match path {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Unusable(format!("{}: {e}", path.display())))?;
-            Policy::from_text(&path.display().to_string(), &text)
-                .map_err(|e| Unusable(e.to_string()))?
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            Policy::from_text(&path.display().to_string(), &text).map_err(|e| e.to_string())
         }
-        None => Policy::builtin(),
-    };
+        None => Ok(Policy::builtin()),
+    }
+}
+
+fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
+    let policy = load_policy(a.policy.as_deref()).map_err(Unusable)?;
     let input = if a.file == "-" {
         let mut s = String::new();
         std::io::stdin()
@@ -278,11 +284,6 @@ pub fn split(docs: Vec<Value>, policy: &Policy) -> Result<Input, String> {
     Ok(input)
 }
 
-/// The group and version of an `apiVersion` (`batch/v1`; `v1` is the core group).
-fn group_version(api: &str) -> (&str, &str) {
-    api.split_once('/').unwrap_or(("", api))
-}
-
 fn is_workload(policy: &Policy, api: &str, kind: &str) -> bool {
     let (group, version) = group_version(api);
     policy.workloads.kind(group, version, kind).is_some()
@@ -429,135 +430,52 @@ pub fn run_review(
             ))
         }
     };
-    let is_pod = review.pointer("/request/kind/kind").and_then(Value::as_str) == Some("Pod")
-        && review
-            .pointer("/request/kind/group")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .is_empty();
-    let mut result = CliResult {
-        allowed: true,
-        message: None,
-        warnings: vec![],
-        patch: None,
-        mutated: None,
-        mutate_response: None,
-        validate_response: None,
-        namespace: String::new(),
-        name: String::new(),
-        steps: vec![],
-        profile: None,
-        workload: None,
-        templates: vec![],
+    let stage = match a.stage {
+        Stage::All => pipeline::Stage::All,
+        Stage::Mutate => pipeline::Stage::Mutate,
+        Stage::Validate => pipeline::Stage::Validate,
     };
-    let object = review.pointer("/request/object").cloned();
-    let mut to_validate = review.clone();
-    if a.stage != Stage::Validate {
-        let r = review_one(policy, cluster, Endpoint::Mutate, &review)?;
-        absorb(&mut result, &r);
-        let mut pod = object.clone().unwrap_or(Value::Null);
-        if let Some(p) = &r.patch() {
-            json_patch::patch(&mut pod, p).map_err(|e| format!("the patch does not apply: {e}"))?;
-        }
-        result.patch = r.patch();
-        result.steps = r.steps.iter().map(|s| s.as_str()).collect();
-        result.mutate_response = Some(response_value(&r));
-        result.templates = r.templates.clone();
-        if object.is_some() {
-            // What the apiserver does between the two webhooks (to a pod's fields).
-            let mut defaulted = pod.clone();
-            if is_pod {
-                tollgate_core::pod::default_requests_from_limits(&mut defaulted);
-            }
-            if let Some(o) = to_validate.pointer_mut("/request/object") {
-                *o = defaulted;
-            }
-            result.mutated = Some(pod);
-        }
-        result.allowed = r.response.allowed;
-        if !r.response.allowed {
-            result.message = Some(r.response.result.message.clone());
-        }
-    }
-    if a.stage != Stage::Mutate && result.allowed {
-        let r = review_one(policy, cluster, Endpoint::Validate, &to_validate)?;
-        absorb(&mut result, &r);
-        result.validate_response = Some(response_value(&r));
-        result.templates = r.templates.clone();
-        result.allowed = r.response.allowed;
-        if !r.response.allowed {
-            result.message = Some(r.response.result.message.clone());
-        }
-    }
-    Ok(result)
+    let judged = pipeline::run(policy, cluster, &review, stage).map_err(|e| e.to_string())?;
+    Ok(CliResult::of(judged))
 }
 
-fn review_one(
-    policy: &Policy,
-    cluster: &dyn Cluster,
-    endpoint: Endpoint,
-    review: &Value,
-) -> Result<Reviewed, String> {
-    let bytes = serde_json::to_vec(review).map_err(|e| e.to_string())?;
-    review_bytes_with(endpoint, policy, cluster, &bytes).map_err(|e| e.to_string())
-}
-
-fn absorb(result: &mut CliResult, r: &Reviewed) {
-    result.namespace = r.namespace.clone();
-    result.name = r.name.clone();
-    result.profile.clone_from(&r.profile);
-    result.workload = r.kind.clone();
-    result
-        .warnings
-        .extend(r.response.warnings.iter().flatten().cloned());
+impl CliResult {
+    /// What the command shows of the pipeline's judgement.
+    fn of(mut judged: pipeline::Judged) -> CliResult {
+        let mut result = CliResult {
+            allowed: judged.allowed,
+            message: judged.message.clone(),
+            warnings: judged.warnings().cloned().collect(),
+            patch: None,
+            mutated: judged.mutated.take(),
+            mutate_response: None,
+            validate_response: None,
+            namespace: String::new(),
+            name: String::new(),
+            steps: vec![],
+            profile: None,
+            workload: None,
+            templates: vec![],
+        };
+        if let Some(r) = &judged.mutate {
+            result.patch = r.patch();
+            result.steps = r.steps.iter().map(|s| s.as_str()).collect();
+            result.mutate_response = Some(response_value(r));
+        }
+        if let Some(r) = &judged.validate {
+            result.validate_response = Some(response_value(r));
+        }
+        if let Some(r) = judged.last() {
+            result.namespace = r.namespace.clone();
+            result.name = r.name.clone();
+            result.profile.clone_from(&r.profile);
+            result.workload.clone_from(&r.kind);
+            result.templates.clone_from(&r.templates);
+        }
+        result
+    }
 }
 
 fn response_value(r: &Reviewed) -> Value {
     serde_json::from_slice(&r.to_json()).unwrap_or(Value::Null)
-}
-
-/// The CREATE review the apiserver would send for `object` (a Pod or a workload), from
-/// `user` in `groups`.
-pub fn synthetic_review(
-    object: &Value,
-    namespace: Option<&str>,
-    user: &str,
-    groups: &[String],
-) -> Value {
-    let namespace = namespace
-        .or_else(|| {
-            object
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str)
-        })
-        .unwrap_or("default");
-    let name = object
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let kind = object.get("kind").and_then(Value::as_str).unwrap_or("Pod");
-    let (group, version) = match object.get("apiVersion").and_then(Value::as_str) {
-        Some(api) => group_version(api),
-        None => ("", "v1"),
-    };
-    // The plural the apiserver's discovery gives every kind tollgate reviews.
-    let resource = format!("{}s", kind.to_ascii_lowercase());
-    let mut groups = groups.to_vec();
-    groups.push("system:authenticated".into());
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "00000000-0000-0000-0000-000000000000",
-            "kind": {"group": group, "version": version, "kind": kind},
-            "resource": {"group": group, "version": version, "resource": resource},
-            "name": name,
-            "namespace": namespace,
-            "operation": "CREATE",
-            "userInfo": {"username": user, "groups": groups},
-            "object": object,
-            "oldObject": null,
-            "dryRun": true,
-        }
-    })
 }

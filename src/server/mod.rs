@@ -31,6 +31,8 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
 
+pub use crate::audit::background::AuditOptions;
+use crate::audit::background::{self, Background};
 use crate::cluster::{ClusterContext, Options as WatchOptions, Watched};
 use crate::kubeconfig::{load_client_config, KubeconfigSources};
 use crate::metrics::Metrics;
@@ -44,6 +46,13 @@ use tollgate_core::policy::Policy;
 pub struct ActivePolicy {
     pub policy: Policy,
     pub hash: String,
+}
+
+/// What the background audit reads the policy in force through.
+impl AsRef<Policy> for ActivePolicy {
+    fn as_ref(&self) -> &Policy {
+        &self.policy
+    }
 }
 
 impl ActivePolicy {
@@ -150,6 +159,8 @@ pub struct ServeOptions {
     pub drain_timeout: Duration,
     /// The cluster context (`--cluster-context on`); None: off.
     pub cluster: Option<ClusterOptions>,
+    /// The background audit (`--audit-interval`); None: off.
+    pub audit: Option<AuditOptions>,
 }
 
 /// Where the cluster context watches, and how long a review may wait for what it lacks.
@@ -200,22 +211,72 @@ pub async fn start_floor(opts: ServeOptions) -> anyhow::Result<Running> {
 const NO_CLUSTER: &str = "the cluster context needs the API server: run in a cluster, set \
                           KUBECONFIG or pass --kubeconfig, or pass --cluster-context off";
 
+/// A client for the API server of a kubeconfig (or the in-cluster configuration), its URL
+/// and its default namespace.
+async fn client_for(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+    hint: &str,
+) -> anyhow::Result<(kube::Client, String, String)> {
+    let sources = KubeconfigSources::from_process_env(kubeconfig.map(Into::into));
+    let config = load_client_config(&sources, context, hint).await?;
+    let url = config.cluster_url.to_string();
+    let namespace = config.default_namespace.clone();
+    let client = kube::Client::try_from(config)
+        .map_err(|e| anyhow::anyhow!("creating a client for the API server at {url}: {e}"))?;
+    Ok((client, url, namespace))
+}
+
 /// The cluster context: watches of the API server, or nothing.
 async fn cluster_context(opts: Option<&ClusterOptions>) -> anyhow::Result<Arc<dyn ClusterContext>> {
     let Some(o) = opts else {
         return Ok(Arc::new(Offline));
     };
-    let sources = KubeconfigSources::from_process_env(o.kubeconfig.clone());
-    let config = load_client_config(&sources, o.context.as_deref(), NO_CLUSTER).await?;
-    let url = config.cluster_url.to_string();
-    let client = kube::Client::try_from(config)
-        .map_err(|e| anyhow::anyhow!("creating a client for the API server at {url}: {e}"))?;
+    let (client, url, _) =
+        client_for(o.kubeconfig.as_deref(), o.context.as_deref(), NO_CLUSTER).await?;
     info!(apiserver = %url, "cluster context: watching resourceclaims, resourceclaimtemplates and namespaces");
     Ok(Arc::new(Watched::start(
         client,
         WatchOptions {
             fetch_timeout: o.fetch_timeout,
         },
+    )))
+}
+
+/// What `--audit-interval` needs without a cluster.
+const NO_CLUSTER_AUDIT: &str = "the background audit needs the API server: run in a cluster, \
+                                set KUBECONFIG or pass --kubeconfig, or leave --audit-interval off";
+
+/// The background audit, if asked for: in the server's cluster context when that is on.
+async fn start_audit(
+    opts: &ServeOptions,
+    state: &Arc<AppState>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Option<Background>> {
+    let Some(a) = &opts.audit else {
+        return Ok(None);
+    };
+    let (client, url, namespace) = client_for(
+        a.kubeconfig.as_deref(),
+        a.context.as_deref(),
+        NO_CLUSTER_AUDIT,
+    )
+    .await?;
+    let source = state.clone();
+    let policy: background::PolicySource =
+        Arc::new(move || -> Arc<dyn AsRef<Policy> + Send + Sync> { source.policy.load_full() });
+    let cluster = opts.cluster.is_some().then(|| state.cluster.clone());
+    Ok(Some(background::start(
+        background::ApiServer {
+            client,
+            url,
+            namespace,
+        },
+        a.clone(),
+        policy,
+        cluster,
+        state.metrics.audit.clone(),
+        stop,
     )))
 }
 
@@ -252,8 +313,10 @@ async fn start_with(
         .transpose()?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let audit = start_audit(&opts, &state, stop_rx.clone()).await?;
     let done = tokio::spawn(run(
         opts,
+        audit,
         policy_bytes,
         app(state.clone()),
         listener,
@@ -278,6 +341,7 @@ async fn start_with(
 #[allow(clippy::too_many_arguments)]
 async fn run(
     opts: ServeOptions,
+    audit: Option<Background>,
     policy_bytes: Vec<u8>,
     app: Router,
     listener: TcpListener,
@@ -314,6 +378,15 @@ async fn run(
         warn!("drain timeout reached; exiting with requests still open");
     }
     reloader.abort();
+    if let Some(a) = audit {
+        // It stopped with the signal, releasing its Lease; this waits for the release.
+        if tokio::time::timeout(Duration::from_secs(3), a.task)
+            .await
+            .is_err()
+        {
+            warn!("the background audit did not stop within 3 s");
+        }
+    }
     if let Some(t) = metrics_task {
         let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
     }

@@ -104,6 +104,7 @@ pub mod net {
             key_path: dir.join("tls.key"),
             client_ca: None,
             cluster: None,
+            audit: None,
             limits: Limits::default(),
             reload_interval: Duration::from_millis(50),
             shutdown_delay: Duration::ZERO,
@@ -385,7 +386,10 @@ pub mod process {
         extra: &[&str],
     ) -> Served {
         let policy: PathBuf = policy.map_or_else(|| dir.path().join("policy.yaml"), Path::to_owned);
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        // A measurement may point at a release build instead.
+        let bin = std::env::var("TOLLGATE_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_tollgate").to_owned());
+        let mut cmd = Command::new(bin);
         cmd.arg("serve").arg("--policy").arg(&policy);
         spawn(cmd, dir, ca_pem, log_format, extra)
     }

@@ -301,6 +301,9 @@ pub struct RequestRecord {
     pub name: Option<String>,
     /// The HTTP status of the answer (200 for a watch that started streaming).
     pub status: u16,
+    /// The bearer token the request carried: which client it was, where several share a
+    /// stand-in (see `Builder::no_auth` and `write_kubeconfig_for`).
+    pub token: Option<String>,
 }
 
 impl RequestRecord {
@@ -1503,6 +1506,12 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         namespace: None,
         name: None,
         status: 0,
+        token: req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::to_owned),
     };
     let response = respond(&shared, req, &mut record)
         .await
@@ -2562,8 +2571,14 @@ impl ApiServer {
 
     /// A kubeconfig file's text: cluster, user and context all named `standin`.
     pub fn kubeconfig_yaml(&self) -> String {
+        self.kubeconfig_yaml_with(self.token.as_deref())
+    }
+
+    /// `kubeconfig_yaml` with this bearer token (or none): a stand-in started with
+    /// `no_auth` accepts any, and the request log tells the clients apart by it.
+    pub fn kubeconfig_yaml_with(&self, token: Option<&str>) -> String {
         let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
-        let user = match &self.token {
+        let user = match token {
             Some(t) => format!("    token: {t}\n"),
             None => "    {}\n".to_owned(),
         };
@@ -2576,6 +2591,11 @@ impl ApiServer {
     /// Writes `kubeconfig_yaml()` to `path`, for a command run with `--kubeconfig FILE`.
     pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
         std::fs::write(path, self.kubeconfig_yaml())
+    }
+
+    /// `write_kubeconfig` with a token of the test's choosing (see `kubeconfig_yaml_with`).
+    pub fn write_kubeconfig_for(&self, path: &Path, token: &str) -> std::io::Result<()> {
+        std::fs::write(path, self.kubeconfig_yaml_with(Some(token)))
     }
 
     fn state(&self) -> MutexGuard<'_, State> {

@@ -16,8 +16,11 @@
 //! 6. `workload`: a workload's pod templates judged as the pods they will make. `export`:
 //!    the validation half of a policy as a ValidatingAdmissionPolicy (YAML text).
 //! 7. `review`: an AdmissionReview in, an AdmissionReview out.
+//! 8. `pipeline`: the two webhooks in a cluster's order (mutate, defaulting, validate).
+//! 9. `audit`: what an object already in the cluster breaks or lacks, as findings.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod check;
 pub mod cluster;
 pub mod diff;
@@ -27,6 +30,7 @@ pub mod gpu;
 pub mod mutate;
 pub mod optout;
 pub mod parse;
+pub mod pipeline;
 pub mod pod;
 pub mod policy;
 pub mod profile;

@@ -23,6 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use kube_core::admission::{AdmissionRequest, Operation};
 use kube_core::{DynamicObject, GroupVersionKind, GroupVersionResource, TypeMeta};
 use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 /// How much of the pod to read.
@@ -34,20 +35,29 @@ pub enum Shape {
     /// Of the metadata, the name, generateName, namespace and annotations; of the spec, the
     /// containers' names, requests, limits and restart policies and the pod-level
     /// resources: what validation and the opt-out read. Everything else stays at its
-    /// default.
+    /// default. The labels are kept as the JSON text they arrived as
+    /// ([`Parsed::labels`]): only a profile that selects pods reads them.
     Validation,
-    /// [`Shape::Validation`] and the pod's labels, for policy profiles that select pods by
-    /// them.
-    LabelledValidation,
+}
+
+/// A request read by a shape, and what the shape left unparsed.
+pub struct Parsed<'a> {
+    pub request: AdmissionRequest<Pod>,
+    /// The pod's labels as sent, for [`Shape::Validation`] (the object has none then).
+    pub labels: Option<&'a RawValue>,
 }
 
 /// The request of an `admission.k8s.io/v1` AdmissionReview of a Pod, read in `shape`; None
 /// when the fast path cannot read it (the caller then takes the full parse).
 pub fn request(body: &[u8], shape: Shape) -> Option<AdmissionRequest<Pod>> {
+    read_shape(body, shape).map(|p| p.request)
+}
+
+/// [`request`], with what the shape left unparsed.
+pub fn read_shape(body: &[u8], shape: Shape) -> Option<Parsed<'_>> {
     match shape {
         Shape::Full => read::<Meta, PodSpec, PodStatus>(body),
         Shape::Validation => read::<ValidationMeta, ValidationSpec, Skipped>(body),
-        Shape::LabelledValidation => read::<LabelledMeta, ValidationSpec, Skipped>(body),
     }
 }
 
@@ -95,18 +105,22 @@ pub fn is_admission_review_v1(api_version: &str, kind: &str) -> bool {
     api_version == "admission.k8s.io/v1" && kind == "AdmissionReview"
 }
 
-fn read<M, S, T>(body: &[u8]) -> Option<AdmissionRequest<Pod>>
+fn read<'a, M, S, T>(body: &'a [u8]) -> Option<Parsed<'a>>
 where
-    M: for<'de> Deserialize<'de> + Into<ObjectMeta>,
-    S: for<'de> Deserialize<'de> + Into<PodSpec>,
-    T: for<'de> Deserialize<'de> + Into<Option<PodStatus>>,
+    M: Deserialize<'a> + MetaShape<'a>,
+    S: Deserialize<'a> + Into<PodSpec>,
+    T: Deserialize<'a> + Into<Option<PodStatus>>,
 {
     let review: Review<Request<M, S, T>> = serde_json::from_slice(body).ok()?;
     if !is_admission_review_v1(&review.api_version, &review.kind) {
         return None;
     }
     let r = review.request?;
-    Some(AdmissionRequest {
+    let (object, labels) = match r.object.map(PodOf::into_parts) {
+        Some((pod, labels)) => (Some(pod), labels),
+        None => (None, None),
+    };
+    let request = AdmissionRequest {
         types: TypeMeta {
             api_version: review.api_version,
             kind: review.kind,
@@ -122,11 +136,18 @@ where
         namespace: r.namespace,
         operation: r.operation,
         user_info: r.user_info,
-        object: r.object.map(PodOf::into_pod),
+        object,
         old_object: None,
         dry_run: r.dry_run,
         options: None,
-    })
+    };
+    Some(Parsed { request, labels })
+}
+
+/// What a shape reads of the metadata: the ObjectMeta, and the labels if it left them as
+/// text.
+trait MetaShape<'a> {
+    fn into_parts(self) -> (ObjectMeta, Option<&'a RawValue>);
 }
 
 // Field for field kube's AdmissionReview and AdmissionRequest (with the same defaults),
@@ -206,13 +227,17 @@ struct PodOf<M, S, T> {
     status: Option<T>,
 }
 
-impl<M: Into<ObjectMeta>, S: Into<PodSpec>, T: Into<Option<PodStatus>>> PodOf<M, S, T> {
-    fn into_pod(self) -> Pod {
-        Pod {
-            metadata: self.metadata.map(Into::into).unwrap_or_default(),
+impl<'a, M: MetaShape<'a>, S: Into<PodSpec>, T: Into<Option<PodStatus>>> PodOf<M, S, T> {
+    fn into_parts(self) -> (Pod, Option<&'a RawValue>) {
+        let (metadata, labels) = self
+            .metadata
+            .map_or((ObjectMeta::default(), None), MetaShape::into_parts);
+        let pod = Pod {
+            metadata,
             spec: self.spec.map(Into::into),
             status: self.status.and_then(Into::into),
-        }
+        };
+        (pod, labels)
     }
 }
 
@@ -271,10 +296,11 @@ struct Meta {
     uid: Option<String>,
 }
 
-impl From<Meta> for ObjectMeta {
-    fn from(m: Meta) -> ObjectMeta {
+impl MetaShape<'_> for Meta {
+    fn into_parts(self) -> (ObjectMeta, Option<&'static RawValue>) {
+        let m = self;
         // Without `..`: a field added to ObjectMeta is a compile error here until it is read.
-        ObjectMeta {
+        let meta = ObjectMeta {
             annotations: m.annotations,
             creation_timestamp: m.creation_timestamp,
             deletion_grace_period_seconds: m.deletion_grace_period_seconds,
@@ -290,55 +316,35 @@ impl From<Meta> for ObjectMeta {
             resource_version: m.resource_version,
             self_link: m.self_link,
             uid: m.uid,
-        }
+        };
+        (meta, None)
     }
 }
 
-/// What validation reads of ObjectMeta: the opt-out annotation and the name it shows.
+/// What validation reads of ObjectMeta: the opt-out annotation and the name it shows, and
+/// the labels as text, which only a profile that selects pods reads (a pod's labels are
+/// much of its metadata; left unparsed they cost only the scan).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ValidationMeta {
+struct ValidationMeta<'a> {
     annotations: Option<BTreeMap<String, String>>,
     generate_name: Option<String>,
+    #[serde(borrow)]
+    labels: Option<&'a RawValue>,
     name: Option<String>,
     namespace: Option<String>,
 }
 
-impl From<ValidationMeta> for ObjectMeta {
-    fn from(m: ValidationMeta) -> ObjectMeta {
-        ObjectMeta {
-            annotations: m.annotations,
-            generate_name: m.generate_name,
-            name: m.name,
-            namespace: m.namespace,
+impl<'a> MetaShape<'a> for ValidationMeta<'a> {
+    fn into_parts(self) -> (ObjectMeta, Option<&'a RawValue>) {
+        let meta = ObjectMeta {
+            annotations: self.annotations,
+            generate_name: self.generate_name,
+            name: self.name,
+            namespace: self.namespace,
             ..Default::default()
-        }
-    }
-}
-
-/// [`ValidationMeta`] and the labels, which only pod-selecting profiles read: a pod's labels
-/// are most of its metadata, and skipping them unread costs less than building them.
-/// (Its fields written out: `#[serde(flatten)]` would buffer the whole metadata.)
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct LabelledMeta {
-    annotations: Option<BTreeMap<String, String>>,
-    generate_name: Option<String>,
-    labels: Option<BTreeMap<String, String>>,
-    name: Option<String>,
-    namespace: Option<String>,
-}
-
-impl From<LabelledMeta> for ObjectMeta {
-    fn from(m: LabelledMeta) -> ObjectMeta {
-        ObjectMeta {
-            annotations: m.annotations,
-            generate_name: m.generate_name,
-            labels: m.labels,
-            name: m.name,
-            namespace: m.namespace,
-            ..Default::default()
-        }
+        };
+        (meta, self.labels)
     }
 }
 
@@ -484,11 +490,11 @@ mod tests {
                 "{name}"
             );
             assert_eq!(got.metadata.name, want.metadata.name, "{name}");
-            let labelled = request(&body, Shape::LabelledValidation).unwrap();
-            let labelled = labelled.object.unwrap().metadata;
-            assert_eq!(labelled.labels, want.metadata.labels, "{name}");
-            assert_eq!(labelled.annotations, want.metadata.annotations, "{name}");
             assert!(got.metadata.labels.is_none(), "{name}");
+            let raw = read_shape(&body, Shape::Validation).unwrap().labels;
+            let labels: Option<BTreeMap<String, String>> =
+                raw.map(|r| serde_json::from_str(r.get()).unwrap());
+            assert_eq!(labels, want.metadata.labels, "{name}");
             assert_eq!(got.metadata.generate_name, want.metadata.generate_name);
             let (ws, gs) = (want.spec.unwrap(), got.spec.unwrap());
             assert_eq!(gs.resources, ws.resources, "{name}");
@@ -535,7 +541,7 @@ mod tests {
             let mut doc = v.clone();
             *doc.pointer_mut(path).unwrap() = value.clone();
             let body = serde_json::to_vec(&doc).unwrap();
-            for shape in [Shape::Full, Shape::Validation, Shape::LabelledValidation] {
+            for shape in [Shape::Full, Shape::Validation] {
                 assert!(request(&body, shape).is_none(), "{path} = {value}");
             }
         }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use serde_json::value::RawValue;
 
 use crate::cluster::{Cluster, Kind, Lookup, ObjectKey};
 use crate::glob;
@@ -27,11 +28,62 @@ pub struct Selected<'p> {
     pub unresolved: Option<ObjectKey>,
 }
 
+/// A pod's labels: parsed, or as the JSON text they arrived in (the validation parse leaves
+/// them so), parsed only if a profile selects pods.
+#[derive(Debug, Clone, Copy)]
+pub enum PodLabels<'a> {
+    Parsed(Option<&'a BTreeMap<String, String>>),
+    Raw(Option<&'a RawValue>),
+}
+
+/// Labels to select on: parsed ones, or those read from text (borrowing it when no label
+/// needs unescaping).
+enum Readable<'a> {
+    Parsed(Option<&'a BTreeMap<String, String>>),
+    Borrowed(BTreeMap<&'a str, &'a str>),
+    Owned(BTreeMap<String, String>),
+}
+
+impl<'a> Readable<'a> {
+    fn of(labels: PodLabels<'a>) -> Readable<'a> {
+        match labels {
+            PodLabels::Parsed(l) => Readable::Parsed(l),
+            PodLabels::Raw(None) => Readable::Parsed(None),
+            PodLabels::Raw(Some(raw)) => match serde_json::from_str(raw.get()) {
+                Ok(map) => Readable::Borrowed(map),
+                // A key or value with an escape cannot be borrowed.
+                Err(_) => Readable::Owned(serde_json::from_str(raw.get()).unwrap_or_default()),
+            },
+        }
+    }
+}
+
+/// What a label selector reads of a set of labels.
+trait Labels {
+    fn value(&self, key: &str) -> Option<&str>;
+}
+
+impl Labels for BTreeMap<String, String> {
+    fn value(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
+
+impl Labels for Readable<'_> {
+    fn value(&self, key: &str) -> Option<&str> {
+        match self {
+            Readable::Parsed(l) => l.and_then(|l| l.get(key)).map(String::as_str),
+            Readable::Borrowed(l) => l.get(key).copied(),
+            Readable::Owned(l) => l.get(key).map(String::as_str),
+        }
+    }
+}
+
 /// The profile for a pod in `namespace` with `labels`.
 pub fn select<'p>(
     policy: &'p Policy,
     namespace: &str,
-    labels: Option<&BTreeMap<String, String>>,
+    labels: PodLabels<'_>,
     cluster: &dyn Cluster,
 ) -> Selected<'p> {
     let mut out = Selected {
@@ -40,13 +92,16 @@ pub fn select<'p>(
         warning: None,
         unresolved: None,
     };
-    let empty = BTreeMap::new();
-    let labels = labels.unwrap_or(&empty);
-    // Looked up at most once, and only if a profile needs it.
+    // Each read at most once, and only if a profile needs it.
+    let mut pod_labels: Option<Readable<'_>> = None;
     let mut namespace_labels: Option<Lookup<Arc<Namespace>>> = None;
     for p in &policy.profiles {
         let Some(resolved) = p.policy() else { continue };
-        match fits(p, namespace, labels, &mut namespace_labels, cluster) {
+        let found = Found {
+            pod: &mut pod_labels,
+            namespace: &mut namespace_labels,
+        };
+        match fits(p, namespace, labels, found, cluster) {
             Fit::Yes => {
                 out.policy = resolved;
                 out.profile = Some(&p.name);
@@ -79,11 +134,17 @@ enum Fit {
     NamespaceUnknown,
 }
 
-fn fits(
+/// What the profiles read so far, kept for the next.
+struct Found<'s, 'a> {
+    pod: &'s mut Option<Readable<'a>>,
+    namespace: &'s mut Option<Lookup<Arc<Namespace>>>,
+}
+
+fn fits<'a>(
     p: &Profile,
     namespace: &str,
-    labels: &BTreeMap<String, String>,
-    namespace_labels: &mut Option<Lookup<Arc<Namespace>>>,
+    labels: PodLabels<'a>,
+    found: Found<'_, 'a>,
     cluster: &dyn Cluster,
 ) -> Fit {
     let m = &p.matches;
@@ -91,18 +152,20 @@ fn fits(
         return Fit::No;
     }
     if let Some(s) = &m.pod_selector {
-        if !selects(s, labels) {
+        let readable = found.pod.get_or_insert_with(|| Readable::of(labels));
+        if !selects_labels(s, readable) {
             return Fit::No;
         }
     }
     let Some(s) = &m.namespace_selector else {
         return Fit::Yes;
     };
-    let looked_up = namespace_labels.get_or_insert_with(|| cluster.namespace(namespace));
+    let looked_up = found
+        .namespace
+        .get_or_insert_with(|| cluster.namespace(namespace));
+    let empty = BTreeMap::new();
     match looked_up {
-        Lookup::Found(n) if selects(s, n.metadata.labels.as_ref().unwrap_or(&BTreeMap::new())) => {
-            Fit::Yes
-        }
+        Lookup::Found(n) if selects(s, n.metadata.labels.as_ref().unwrap_or(&empty)) => Fit::Yes,
         Lookup::Found(_) => Fit::No,
         // A namespace that does not exist has no labels; only "does not exist" selectors
         // could hold, and a pod cannot be created there anyway.
@@ -114,18 +177,22 @@ fn fits(
 /// Whether a Kubernetes label selector selects `labels`: every `matchLabels` pair and every
 /// requirement hold. An empty selector selects everything.
 pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    selects_labels(selector, labels)
+}
+
+fn selects_labels(selector: &LabelSelector, labels: &impl Labels) -> bool {
     let pairs = selector
         .match_labels
         .iter()
         .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
+        .all(|(k, v)| labels.value(k) == Some(v.as_str()));
     pairs
         && selector.match_expressions.iter().flatten().all(|r| {
             let values = r.values.as_deref().unwrap_or_default();
-            let value = labels.get(&r.key);
+            let value = labels.value(&r.key);
             match r.operator.as_str() {
-                "In" => value.is_some_and(|v| values.contains(v)),
-                "NotIn" => value.is_none_or(|v| !values.contains(v)),
+                "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
+                "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
                 "Exists" => value.is_some(),
                 "DoesNotExist" => value.is_none(),
                 // The policy refuses any other operator at load.
@@ -210,11 +277,11 @@ mod tests {
         ns.metadata.name = Some("sandbox-1".into());
         ns.metadata.labels = Some(labels(&[("team", "a")]));
         cluster.add_namespace(ns);
-        let s = select(&p, "sandbox-1", None, &cluster);
+        let s = select(&p, "sandbox-1", PodLabels::Parsed(None), &cluster);
         assert_eq!(s.profile, Some("by-label"));
-        let s = select(&p, "sandbox-2", None, &cluster);
+        let s = select(&p, "sandbox-2", PodLabels::Parsed(None), &cluster);
         assert_eq!(s.profile, Some("by-name"));
-        let s = select(&p, "prod", None, &cluster);
+        let s = select(&p, "prod", PodLabels::Parsed(None), &cluster);
         assert_eq!(s.profile, None);
         assert!(std::ptr::eq(s.policy, &p));
     }
@@ -222,7 +289,12 @@ mod tests {
     #[test]
     fn unknown_namespace_labels_skip_the_profile_and_say_so() {
         let p = policy();
-        let s = select(&p, "sandbox-1", None, &Objects::default());
+        let s = select(
+            &p,
+            "sandbox-1",
+            PodLabels::Parsed(None),
+            &Objects::default(),
+        );
         assert_eq!(s.profile, Some("by-name"));
         assert!(s.warning.unwrap().contains("\"sandbox-1\""));
         assert_eq!(s.unresolved.unwrap().kind, Kind::Namespace);

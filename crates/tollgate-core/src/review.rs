@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::Pod;
 use kube_core::admission::{self, AdmissionRequest, AdmissionResponse, AdmissionReview};
 use kube_core::{DynamicObject, Status};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::cluster::{Cluster, ObjectKey, Offline};
@@ -15,10 +16,11 @@ use crate::gpu::Gpus;
 use crate::mutate::{self, Step};
 use crate::optout::{self, OptOut};
 use crate::policy::{Operation, Policy};
+use crate::profile::{self, PodLabels};
 use crate::requester::Requester;
 use crate::validate::{self, Verdict};
 use crate::workload::{self, TemplateVerdict, Workload};
-use crate::{diff, parse, profile};
+use crate::{diff, parse};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -96,6 +98,8 @@ pub struct Reviewed {
     pub kind: Option<String>,
     /// A workload's pod templates and what became of each.
     pub templates: Vec<TemplateVerdict>,
+    /// On `/validate`: the containers lacking required requests, whatever the mode.
+    pub missing: Vec<validate::Missing>,
 }
 
 impl Reviewed {
@@ -175,11 +179,17 @@ pub fn review_bytes_with(
     }
     let shape = match endpoint {
         Endpoint::Mutate => parse::Shape::Full,
-        Endpoint::Validate if policy.selects_pods_by_labels() => parse::Shape::LabelledValidation,
         Endpoint::Validate => parse::Shape::Validation,
     };
-    if let Some(req) = parse::request(body, shape) {
-        return Ok(review_parsed(endpoint, policy, cluster, req, body));
+    if let Some(parsed) = parse::read_shape(body, shape) {
+        return Ok(review_parsed(
+            endpoint,
+            policy,
+            cluster,
+            parsed.request,
+            parsed.labels,
+            body,
+        ));
     }
     // The exact parse: slower, and what decides how a body that is not a review of a pod
     // is answered.
@@ -188,7 +198,7 @@ pub fn review_bytes_with(
             check_envelope(&review.types.api_version, &review.types.kind)?;
             let req: AdmissionRequest<Pod> =
                 review.try_into().map_err(|_| ReviewError::NoRequest)?;
-            Ok(review_parsed(endpoint, policy, cluster, req, body))
+            Ok(review_parsed(endpoint, policy, cluster, req, None, body))
         }
         Err(typed_err) => match parse::workload(body) {
             // Not a pod: a workload, judged by the pods its templates will make.
@@ -205,11 +215,14 @@ pub fn review_bytes_with(
     }
 }
 
+/// `raw_labels`: the pod's labels where the parse left them as text (else they are the
+/// object's own).
 fn review_parsed(
     endpoint: Endpoint,
     policy: &Policy,
     cluster: &dyn Cluster,
     req: AdmissionRequest<Pod>,
+    raw_labels: Option<&RawValue>,
     body: &[u8],
 ) -> Reviewed {
     // Along every path a mutation patches, the typed model tells an absent or null field
@@ -219,7 +232,7 @@ fn review_parsed(
     let ambiguous = req.object.as_ref().is_some_and(|p| {
         p.metadata == Default::default() || p.spec.as_ref().is_some_and(|s| s.containers.is_empty())
     });
-    let mut reviewed = review_request(endpoint, policy, cluster, req);
+    let mut reviewed = review_request_labelled(endpoint, policy, cluster, req, raw_labels);
     if reviewed.response.patch.is_some() && ambiguous {
         anchor_to_sent_object(&mut reviewed, body);
     }
@@ -385,6 +398,7 @@ fn skeleton<T: kube_core::Resource>(
         profile: None,
         kind: None,
         templates: vec![],
+        missing: vec![],
     }
 }
 
@@ -410,7 +424,19 @@ pub fn review_request(
     endpoint: Endpoint,
     policy: &Policy,
     cluster: &dyn Cluster,
+    req: AdmissionRequest<Pod>,
+) -> Reviewed {
+    review_request_labelled(endpoint, policy, cluster, req, None)
+}
+
+/// [`review_request`], with the pod's labels as text when the parse left them so (None:
+/// they are the object's own).
+fn review_request_labelled(
+    endpoint: Endpoint,
+    policy: &Policy,
+    cluster: &dyn Cluster,
     mut req: AdmissionRequest<Pod>,
+    raw_labels: Option<&RawValue>,
 ) -> Reviewed {
     let mut reviewed = skeleton(endpoint, &req, req.object.as_ref());
     let Some(pod) = req.object.take() else {
@@ -432,7 +458,11 @@ pub fn review_request(
         username,
         groups,
     };
-    let selected = profile::select(policy, namespace, pod.metadata.labels.as_ref(), cluster);
+    let labels = match raw_labels {
+        Some(raw) => PodLabels::Raw(Some(raw)),
+        None => PodLabels::Parsed(pod.metadata.labels.as_ref()),
+    };
+    let selected = profile::select(policy, namespace, labels, cluster);
     let policy = selected.policy;
     reviewed.profile = selected.profile.map(str::to_owned);
     reviewed.unresolved.extend(selected.unresolved);
@@ -557,7 +587,7 @@ fn review_workload(
         .flatten()
         .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
         .collect();
-    let selected = profile::select(policy, namespace, Some(&labels), cluster);
+    let selected = profile::select(policy, namespace, PodLabels::Parsed(Some(&labels)), cluster);
     reviewed.profile = selected.profile.map(str::to_owned);
     reviewed.unresolved.extend(selected.unresolved);
     let gvk = &req.kind;
@@ -641,6 +671,7 @@ fn validate_pod(
     let d = validate::validate(policy, pod, operation, who);
     out.verdict = Some(d.verdict);
     out.opt_out = d.opt_out;
+    out.missing = d.missing;
     if !d.allowed {
         out.result = Result::Denied;
         out.response.allowed = false;

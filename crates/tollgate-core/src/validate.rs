@@ -83,7 +83,8 @@ pub struct Decision {
     pub verdict: Verdict,
     /// The opt-out decision, when the pod was judged (for the logs and metrics).
     pub opt_out: Option<OptOut>,
-    /// What is missing, when requests are (a workload words its own message from it).
+    /// What is missing, whatever the mode: `tollgate audit` reports it as data even where
+    /// the policy only warns, and a workload words its own message from it.
     pub missing: Vec<Missing>,
 }
 

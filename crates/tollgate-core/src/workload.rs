@@ -333,7 +333,12 @@ fn judging<'v, 'p>(
         .into_iter()
         .map(|t| {
             let labels = pod_labels(w.kind, &t, name);
-            let selected = profile::select(policy, w.who.namespace, Some(&labels), cluster);
+            let selected = profile::select(
+                policy,
+                w.who.namespace,
+                profile::PodLabels::Parsed(Some(&labels)),
+                cluster,
+            );
             let old = old_template(w, &t);
             let approval = &selected.policy.opt_out.approval_annotation;
             let changed = w.operation == Operation::Create

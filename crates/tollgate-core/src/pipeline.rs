@@ -1,0 +1,254 @@
+//! The two webhooks in the order a cluster runs them: mutate, the apiserver's defaulting,
+//! validate.
+//!
+//! `tollgate review --stage all` and `tollgate audit` (the command and the server's
+//! background audit) all judge an object through [`run`], so that what a user checks
+//! offline, what the audit reports and what the cluster does are one judgement.
+
+use serde_json::{json, Value};
+
+use crate::cluster::Cluster;
+use crate::review::{review_bytes_with, Endpoint, ReviewError, Reviewed};
+
+/// Which webhook(s) to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Mutate, then validate the mutated pod after the apiserver's defaulting.
+    All,
+    Mutate,
+    Validate,
+}
+
+/// Why a review could not be run at all.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Review(#[from] ReviewError),
+    /// Only a bug could cause it: the engine's own patch must apply to the object it was
+    /// computed from.
+    #[error("the patch does not apply: {0}")]
+    Patch(String),
+}
+
+/// What the webhooks made of one AdmissionReview.
+#[derive(Debug, Clone)]
+pub struct Judged {
+    /// The mutating webhook's review (stages `all` and `mutate`).
+    pub mutate: Option<Reviewed>,
+    /// The object with the mutation's patch applied, before the apiserver's defaulting;
+    /// None when the review carries no object or the stage is `validate`.
+    pub mutated: Option<Value>,
+    /// The validating webhook's review: not run when the mutation already refused.
+    pub validate: Option<Reviewed>,
+    /// Whether the apiserver would admit the object.
+    pub allowed: bool,
+    /// The refusal, as the user would read it.
+    pub message: Option<String>,
+}
+
+impl Judged {
+    /// Every warning of both reviews, mutation first.
+    pub fn warnings(&self) -> impl Iterator<Item = &String> {
+        self.mutate
+            .iter()
+            .chain(self.validate.iter())
+            .flat_map(|r| r.response.warnings.iter().flatten())
+    }
+
+    /// The review that answered last: validation if it ran, else mutation.
+    pub fn last(&self) -> Option<&Reviewed> {
+        self.validate.as_ref().or(self.mutate.as_ref())
+    }
+}
+
+/// Runs `review` (an AdmissionReview as JSON) through the webhooks of `stage`, knowing what
+/// `cluster` knows.
+pub fn run(
+    policy: &crate::policy::Policy,
+    cluster: &dyn Cluster,
+    review: &Value,
+    stage: Stage,
+) -> Result<Judged, PipelineError> {
+    let mut judged = Judged {
+        mutate: None,
+        mutated: None,
+        validate: None,
+        allowed: true,
+        message: None,
+    };
+    let object = review.pointer("/request/object");
+    let mut validated: Option<Value> = None;
+    if stage != Stage::Validate {
+        let r = review_one(policy, cluster, Endpoint::Mutate, review)?;
+        if let Some(object) = object {
+            let mut pod = object.clone();
+            if let Some(p) = &r.patch() {
+                json_patch::patch(&mut pod, p).map_err(|e| PipelineError::Patch(e.to_string()))?;
+            }
+            if stage == Stage::All {
+                // What the apiserver does between the two webhooks (to a pod's fields; a
+                // workload's templates are defaulted as pods inside its review).
+                let mut defaulted = review.clone();
+                let mut o = pod.clone();
+                if is_pod(review) {
+                    crate::pod::default_requests_from_limits(&mut o);
+                }
+                if let Some(slot) = defaulted.pointer_mut("/request/object") {
+                    *slot = o;
+                }
+                validated = Some(defaulted);
+            }
+            judged.mutated = Some(pod);
+        }
+        judged.allowed = r.response.allowed;
+        if !r.response.allowed {
+            judged.message = Some(r.response.result.message.clone());
+        }
+        judged.mutate = Some(r);
+    }
+    if stage != Stage::Mutate && judged.allowed {
+        let r = review_one(
+            policy,
+            cluster,
+            Endpoint::Validate,
+            validated.as_ref().unwrap_or(review),
+        )?;
+        judged.allowed = r.response.allowed;
+        if !r.response.allowed {
+            judged.message = Some(r.response.result.message.clone());
+        }
+        judged.validate = Some(r);
+    }
+    Ok(judged)
+}
+
+/// Whether `review` is of a core v1 Pod (else: a workload).
+fn is_pod(review: &Value) -> bool {
+    review.pointer("/request/kind/kind").and_then(Value::as_str) == Some("Pod")
+        && review
+            .pointer("/request/kind/group")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .is_empty()
+}
+
+fn review_one(
+    policy: &crate::policy::Policy,
+    cluster: &dyn Cluster,
+    endpoint: Endpoint,
+    review: &Value,
+) -> Result<Reviewed, ReviewError> {
+    // Writing a Value as JSON cannot fail.
+    let bytes = serde_json::to_vec(review).unwrap_or_default();
+    review_bytes_with(endpoint, policy, cluster, &bytes)
+}
+
+/// The CREATE review the apiserver would send for `object` (a Pod, or any object of a kind
+/// the policy knows), from `user` in `groups` (`system:authenticated` added, as the
+/// apiserver adds it to every authenticated user).
+pub fn synthetic_review(
+    object: &Value,
+    namespace: Option<&str>,
+    user: &str,
+    groups: &[String],
+) -> Value {
+    let namespace = namespace
+        .or_else(|| {
+            object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+        })
+        .unwrap_or("default");
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let kind = object.get("kind").and_then(Value::as_str).unwrap_or("Pod");
+    let (group, version) = match object.get("apiVersion").and_then(Value::as_str) {
+        Some(api) => group_version(api),
+        None => ("", "v1"),
+    };
+    // The plural the apiserver's discovery gives every kind tollgate reviews.
+    let resource = format!("{}s", kind.to_ascii_lowercase());
+    let mut groups = groups.to_vec();
+    groups.push("system:authenticated".into());
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "00000000-0000-0000-0000-000000000000",
+            "kind": {"group": group, "version": version, "kind": kind},
+            "resource": {"group": group, "version": version, "resource": resource},
+            "name": name,
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": user, "groups": groups},
+            "object": object,
+            "oldObject": null,
+            "dryRun": true,
+        }
+    })
+}
+
+/// The group and version of an `apiVersion` (`batch/v1`; `v1` is the core group).
+pub fn group_version(api: &str) -> (&str, &str) {
+    api.split_once('/').unwrap_or(("", api))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::Objects;
+    use crate::policy::Policy;
+
+    fn notebook(requests: Option<Value>) -> Value {
+        let mut c = json!({"name": "jupyter", "image": "jupyter"});
+        if let Some(r) = requests {
+            c["resources"] = r;
+        }
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "nb", "namespace": "ml"},
+               "spec": {"containers": [c]}})
+    }
+
+    #[test]
+    fn all_refuses_what_validation_refuses_and_mutate_alone_does_not() {
+        let policy = Policy::builtin();
+        let review = synthetic_review(&notebook(None), None, "alice", &[]);
+        let all = run(&policy, &Objects::complete(), &review, Stage::All).unwrap();
+        assert!(!all.allowed);
+        assert!(all.message.as_deref().unwrap().contains("jupyter"));
+        assert!(all.validate.is_some() && all.mutate.is_some());
+        let mutate = run(&policy, &Objects::complete(), &review, Stage::Mutate).unwrap();
+        assert!(mutate.allowed && mutate.validate.is_none());
+        let validate = run(&policy, &Objects::complete(), &review, Stage::Validate).unwrap();
+        assert!(!validate.allowed && validate.mutate.is_none() && validate.mutated.is_none());
+    }
+
+    #[test]
+    fn defaulting_turns_limits_into_the_requests_validation_sees() {
+        let policy = Policy::builtin();
+        let pod = notebook(Some(json!({"limits": {"cpu": "1", "memory": "1Gi"}})));
+        let review = synthetic_review(&pod, None, "alice", &[]);
+        let all = run(&policy, &Objects::complete(), &review, Stage::All).unwrap();
+        assert!(all.allowed, "{:?}", all.message);
+        // The object after mutation is before defaulting: no requests yet.
+        let mutated = all.mutated.unwrap();
+        assert!(mutated
+            .pointer("/spec/containers/0/resources/requests")
+            .is_none());
+    }
+
+    #[test]
+    fn a_training_pod_without_requests_gets_limits_and_passes() {
+        let policy = Policy::builtin();
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "w", "namespace": "ml"},
+            "spec": {"containers": [{"name": "t", "image": "t",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
+        let review = synthetic_review(&pod, None, "alice", &[]);
+        let all = run(&policy, &Objects::complete(), &review, Stage::All).unwrap();
+        assert!(all.allowed, "{:?}", all.message);
+        assert!(!all.mutate.unwrap().steps.is_empty());
+    }
+}

@@ -1,0 +1,291 @@
+//! What an audit reads: the namespaces in scope, the objects of each (in pages), and the
+//! cluster context they are judged in.
+//!
+//! Lists are raw JSON pages (`limit` + `continue`) rather than typed objects: the engine
+//! reads JSON, and each page is judged and dropped before the next is asked for.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use kube::api::{ApiResource, ListParams};
+use kube::core::ListMeta;
+use kube::Api;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{classify, AuditError, Auditor, Namespaces, Needs};
+use tollgate_core::cluster::Objects;
+use tollgate_core::policy::Policy;
+
+/// Objects per list request: the page size kube's reflectors and kubectl use.
+pub const PAGE_SIZE: u32 = 500;
+
+/// Set by the apiserver on every namespace: selectors may rely on it.
+const NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// A namespace in scope: its name and labels, all an audit keeps of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl NamespaceInfo {
+    fn of(ns: Namespace) -> NamespaceInfo {
+        let name = ns.metadata.name.unwrap_or_default();
+        let mut labels = ns.metadata.labels.unwrap_or_default();
+        labels
+            .entry(NAME_LABEL.into())
+            .or_insert_with(|| name.clone());
+        NamespaceInfo { name, labels }
+    }
+
+    /// A namespace known only by name: the one label every namespace has.
+    fn named(name: &str) -> NamespaceInfo {
+        NamespaceInfo {
+            name: name.to_owned(),
+            labels: BTreeMap::from([(NAME_LABEL.to_owned(), name.to_owned())]),
+        }
+    }
+
+    fn object(&self) -> Namespace {
+        let mut ns = Namespace::default();
+        ns.metadata.name = Some(self.name.clone());
+        ns.metadata.labels = Some(self.labels.clone());
+        ns
+    }
+}
+
+/// The namespaces of `scope`, in name order, less the auditor's exclusions. Listing all of
+/// them needs `list` on namespaces; one named namespace is read with `get`, and if that is forbidden it is
+/// audited knowing only its name, unless a policy profile matches on namespace labels.
+pub async fn namespaces(
+    a: &Auditor,
+    scope: &Namespaces,
+    policy: &Policy,
+) -> Result<Vec<NamespaceInfo>, AuditError> {
+    let api: Api<Namespace> = Api::all(a.client.clone());
+    match scope {
+        Namespaces::One(name) => match api.get_opt(name).await {
+            Ok(Some(ns)) => Ok(vec![NamespaceInfo::of(ns)]),
+            // Not there: nothing in it to judge, and nothing to say about it.
+            Ok(None) => Ok(vec![NamespaceInfo::named(name)]),
+            Err(kube::Error::Api(s))
+                if s.code == 403 && policy.needs_namespace_labels().is_none() =>
+            {
+                Ok(vec![NamespaceInfo::named(name)])
+            }
+            Err(e) => Err(classify(
+                &a.url,
+                Needs {
+                    verb: "get",
+                    resource: "namespaces",
+                    namespace: None,
+                },
+                e,
+            )),
+        },
+        Namespaces::All => {
+            let mut out = vec![];
+            let mut lp = ListParams::default().limit(a.page_size);
+            loop {
+                let page = api.list(&lp).await.map_err(|e| {
+                    classify(
+                        &a.url,
+                        Needs {
+                            verb: "list",
+                            resource: "namespaces",
+                            namespace: None,
+                        },
+                        e,
+                    )
+                })?;
+                out.extend(page.items.into_iter().map(NamespaceInfo::of));
+                match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                    Some(c) => lp = lp.continue_token(&c),
+                    None => break,
+                }
+            }
+            out.retain(|n| !tollgate_core::glob::any(&a.exclude, &n.name));
+            out.sort_by(|x, y| x.name.cmp(&y.name));
+            Ok(out)
+        }
+    }
+}
+
+/// A namespace's cluster context: the namespace, its ResourceClaimTemplates and its
+/// standalone ResourceClaims. Claims generated from a template for one pod are left out:
+/// a pod names its template, which is what the engine reads, and those claims are one per
+/// pod, so keeping them would grow with the namespace. A cluster that does not serve
+/// `resource.k8s.io/v1` (404) has no claims at all.
+pub async fn context(a: &Auditor, ns: &NamespaceInfo) -> Result<Objects, AuditError> {
+    let mut objects = Objects::complete();
+    objects.add_namespace(ns.object());
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(a.client.clone(), &ns.name);
+    for_each_page(
+        a,
+        &templates,
+        "resourceclaimtemplates.resource.k8s.io",
+        &ns.name,
+        |t| objects.add_template(t),
+    )
+    .await?;
+    let claims: Api<ResourceClaim> = Api::namespaced(a.client.clone(), &ns.name);
+    for_each_page(
+        a,
+        &claims,
+        "resourceclaims.resource.k8s.io",
+        &ns.name,
+        |mut c| {
+            let generated = c
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.kind == "Pod" && o.api_version == "v1");
+            if !generated {
+                c.metadata.managed_fields = None;
+                c.status = None;
+                objects.add_claim(c);
+            }
+        },
+    )
+    .await?;
+    Ok(objects)
+}
+
+async fn for_each_page<K>(
+    a: &Auditor,
+    api: &Api<K>,
+    resource: &str,
+    namespace: &str,
+    mut f: impl FnMut(K),
+) -> Result<(), AuditError>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let mut lp = ListParams::default().limit(a.page_size);
+    loop {
+        let page = match api.list(&lp).await {
+            Ok(p) => p,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(e) => {
+                return Err(classify(
+                    &a.url,
+                    Needs {
+                        verb: "list",
+                        resource,
+                        namespace: Some(namespace),
+                    },
+                    e,
+                ))
+            }
+        };
+        page.items.into_iter().for_each(&mut f);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = lp.continue_token(&c),
+            None => return Ok(()),
+        }
+    }
+}
+
+/// The kinds an audit judges under `policy`: pods. The workload kinds a policy lists
+/// (Jobs, Deployments, PyTorchJobs, ...) are each one more [`ApiResource`] here, listed
+/// and judged the same way, once the engine reviews workloads.
+pub fn kinds(_policy: &Policy) -> Vec<ApiResource> {
+    vec![ApiResource::erase::<Pod>(&())]
+}
+
+/// One page of a list, as the apiserver sends it.
+#[derive(Deserialize)]
+struct RawList {
+    #[serde(default)]
+    metadata: ListMeta,
+    #[serde(default)]
+    items: Vec<Value>,
+}
+
+/// The objects of one kind in one namespace, a page at a time.
+pub struct Pager<'a> {
+    auditor: &'a Auditor,
+    kind: &'a ApiResource,
+    namespace: &'a str,
+    params: Option<ListParams>,
+}
+
+impl<'a> Pager<'a> {
+    pub fn new(auditor: &'a Auditor, kind: &'a ApiResource, namespace: &'a str) -> Self {
+        let mut params = ListParams::default().limit(auditor.page_size);
+        if let Some(s) = &auditor.selector {
+            params = params.labels(s);
+        }
+        Pager {
+            auditor,
+            kind,
+            namespace,
+            params: Some(params),
+        }
+    }
+
+    /// The next page's objects (with `apiVersion` and `kind`, which list items lack), or
+    /// None after the last.
+    ///
+    /// A continue token can expire while a slow (paced) audit works through a namespace
+    /// (etcd compacts every five minutes); the apiserver's 410 then carries a token for the
+    /// rest of the list at a newer resourceVersion, which is taken: an audit reports the
+    /// cluster as it is, and a page seen slightly later is no less true.
+    pub async fn next(&mut self) -> Result<Option<Vec<Value>>, AuditError> {
+        let Some(mut lp) = self.params.take() else {
+            return Ok(None);
+        };
+        let path =
+            <kube::api::DynamicObject as kube::Resource>::url_path(self.kind, Some(self.namespace));
+        let needs = Needs {
+            verb: "list",
+            resource: &self.kind.plural,
+            namespace: Some(self.namespace),
+        };
+        let page: RawList = loop {
+            let request = kube::core::Request::new(path.clone())
+                .list(&lp)
+                .map_err(|e| AuditError::Api {
+                    what: format!("list {}", self.kind.plural),
+                    detail: e.to_string(),
+                })?;
+            match self.auditor.client.request(request).await {
+                Ok(page) => break page,
+                Err(kube::Error::Api(s))
+                    if s.code == 410
+                        && lp.continue_token.is_some()
+                        && fresh_token(&s).is_some() =>
+                {
+                    let c = fresh_token(&s).unwrap_or_default().to_owned();
+                    lp = lp.continue_token(&c);
+                }
+                Err(e) => return Err(classify(&self.auditor.url, needs, e)),
+            }
+        };
+        if let Some(c) = page.metadata.continue_.filter(|c| !c.is_empty()) {
+            self.params = Some(lp.continue_token(&c));
+        }
+        let mut items = page.items;
+        for item in &mut items {
+            if let Some(o) = item.as_object_mut() {
+                o.entry("apiVersion")
+                    .or_insert_with(|| self.kind.api_version.clone().into());
+                o.entry("kind")
+                    .or_insert_with(|| self.kind.kind.clone().into());
+            }
+        }
+        Ok(Some(items))
+    }
+}
+
+/// The continue token a 410 for an expired one carries, for the rest of the list.
+fn fresh_token(s: &kube::core::Status) -> Option<&str> {
+    s.metadata
+        .as_ref()
+        .and_then(|m| m.continue_.as_deref())
+        .filter(|c| !c.is_empty())
+}

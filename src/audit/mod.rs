@@ -1,0 +1,354 @@
+//! The audit of a live cluster: `tollgate audit` and the server's background audit.
+//!
+//! Each object is judged by the engine ([`tollgate_core::audit::judge`]) as a CREATE of it
+//! would be; this module only reads the cluster and hands the findings on:
+//!
+//! - [`list`]: the namespaces in scope, and per namespace the objects to judge and the
+//!   cluster context they are judged in, each listed in pages (`limit` + `continue`) and
+//!   each page dropped once judged, so that memory does not grow with the cluster;
+//! - [`output`]: the command's writers (table, JSON lines, PolicyReport YAML);
+//! - [`report`]: PolicyReports, one per namespace, built from the findings and written to
+//!   the cluster (create, replace with resourceVersion, delete);
+//! - [`lease`]: the `coordination.k8s.io` Lease that lets one replica audit at a time;
+//! - [`background`]: the server's timer, pacing and metrics.
+//!
+//! Namespace by namespace: the apiserver answers a list of one namespace in name order,
+//! so findings come grouped without being held, a namespace's report can be written as
+//! soon as it is done, and the per-namespace context (claim templates, standalone claims)
+//! is all that is held besides one page.
+
+pub mod background;
+pub mod lease;
+pub mod list;
+pub mod output;
+pub mod report;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use serde_json::Value;
+
+use crate::cluster::ClusterContext;
+use tollgate_core::audit::{self as engine, Audited, OptOutState};
+use tollgate_core::cluster::{Cluster, Lookup, Objects};
+use tollgate_core::policy::Policy;
+
+pub use list::NamespaceInfo;
+
+/// Which namespaces an audit reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Namespaces {
+    /// `-A`: every namespace (listed).
+    All,
+    /// `-n NS`, or the kubeconfig context's namespace.
+    One(String),
+}
+
+/// Why an audit could not run, or stopped: one line each, for a person.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("cannot reach the API server at {url}: {detail}")]
+    Unreachable { url: String, detail: String },
+    #[error("unauthorized: the API server at {url} did not accept the credentials ({detail})")]
+    Unauthorized { url: String, detail: String },
+    #[error("forbidden: tollgate audit needs {needs} ({detail})")]
+    Forbidden { needs: String, detail: String },
+    #[error("{what}: {detail}")]
+    Api { what: String, detail: String },
+    /// Only a bug in the engine could cause it.
+    #[error("judging {object}: {detail}")]
+    Judge { object: String, detail: String },
+    #[error("writing the output: {0}")]
+    Output(#[from] std::io::Error),
+    /// The audit was asked to stop (the server is shutting down, or lost the lease).
+    #[error("stopped")]
+    Stopped,
+}
+
+/// What one request needed, for the message of its failure: `list` on `pods` in `ml`.
+#[derive(Debug, Clone, Copy)]
+pub struct Needs<'a> {
+    pub verb: &'a str,
+    pub resource: &'a str,
+    /// None: at the cluster scope.
+    pub namespace: Option<&'a str>,
+}
+
+impl Needs<'_> {
+    fn describe(&self) -> String {
+        match self.namespace {
+            Some(ns) => format!("{} on {} in namespace {ns:?}", self.verb, self.resource),
+            None => format!("{} on {} at the cluster scope", self.verb, self.resource),
+        }
+    }
+}
+
+/// Turns a client error into the one line a person reads.
+pub fn classify(url: &str, needs: Needs<'_>, e: kube::Error) -> AuditError {
+    match e {
+        kube::Error::Api(s) if s.code == 401 => AuditError::Unauthorized {
+            url: url.to_owned(),
+            detail: s.message,
+        },
+        kube::Error::Api(s) if s.code == 403 => AuditError::Forbidden {
+            needs: needs.describe(),
+            detail: s.message,
+        },
+        kube::Error::Api(s) => AuditError::Api {
+            what: format!("{} {}", needs.verb, needs.resource),
+            detail: format!("{} {}: {}", s.code, s.reason, s.message),
+        },
+        other @ (kube::Error::HyperError(_) | kube::Error::Service(_)) => AuditError::Unreachable {
+            url: url.to_owned(),
+            detail: innermost(&other),
+        },
+        other => AuditError::Api {
+            what: format!("{} {}", needs.verb, needs.resource),
+            detail: innermost(&other),
+        },
+    }
+}
+
+/// The deepest cause of an error: "Connection refused (os error 111)" rather than the
+/// layers of client machinery wrapped around it.
+fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+/// Where the objects' cluster context (DRA claims and templates, namespace labels) comes
+/// from.
+#[derive(Clone)]
+pub enum Context {
+    /// Listed per namespace, kept while the namespace is audited: what the command does.
+    PerNamespace,
+    /// The server's caches, already in memory.
+    Shared(Arc<dyn ClusterContext>),
+}
+
+/// The server's context as the engine's [`Cluster`].
+struct Via<'a>(&'a dyn ClusterContext);
+
+impl Cluster for Via<'_> {
+    fn resource_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Lookup<Arc<k8s_openapi::api::resource::v1::ResourceClaim>> {
+        self.0.resource_claim(namespace, name)
+    }
+    fn resource_claim_template(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Lookup<Arc<k8s_openapi::api::resource::v1::ResourceClaimTemplate>> {
+        self.0.resource_claim_template(namespace, name)
+    }
+    fn namespace(&self, name: &str) -> Lookup<Arc<k8s_openapi::api::core::v1::Namespace>> {
+        self.0.namespace(name)
+    }
+    fn is_offline(&self) -> bool {
+        self.0.is_offline()
+    }
+}
+
+/// Counts of one namespace's (or a whole audit's) objects.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub namespaces: u64,
+    /// Objects judged, by kind (`Pod`).
+    pub objects: BTreeMap<String, u64>,
+    pub refused: u64,
+    pub mutated: u64,
+    pub opted_out: u64,
+    pub unverified: u64,
+    pub opt_out_refused: u64,
+    /// Findings by rule.
+    pub findings: BTreeMap<&'static str, u64>,
+}
+
+impl Totals {
+    pub fn add(&mut self, a: &Audited) {
+        *self.objects.entry(a.object.kind.clone()).or_default() += 1;
+        self.refused += u64::from(a.refused());
+        self.mutated += u64::from(a.mutated());
+        match a.opt_out {
+            OptOutState::Honoured => self.opted_out += 1,
+            OptOutState::Unverified(_) => self.unverified += 1,
+            OptOutState::Refused(_) => self.opt_out_refused += 1,
+            OptOutState::None => {}
+        }
+        for f in &a.findings {
+            *self.findings.entry(f.rule.as_str()).or_default() += 1;
+        }
+    }
+
+    pub fn merge(&mut self, other: &Totals) {
+        self.namespaces += other.namespaces;
+        for (k, n) in &other.objects {
+            *self.objects.entry(k.clone()).or_default() += n;
+        }
+        self.refused += other.refused;
+        self.mutated += other.mutated;
+        self.opted_out += other.opted_out;
+        self.unverified += other.unverified;
+        self.opt_out_refused += other.opt_out_refused;
+        for (k, n) in &other.findings {
+            *self.findings.entry(k).or_default() += n;
+        }
+    }
+
+    pub fn seen(&self) -> u64 {
+        self.objects.values().sum()
+    }
+
+    /// `50000 pods in 40 namespaces: 1200 would be refused, ...`: the summary a person
+    /// reads.
+    pub fn summary(&self) -> String {
+        let objects = if self.objects.is_empty() {
+            "0 pods".to_owned()
+        } else {
+            self.objects
+                .iter()
+                .map(|(kind, n)| plural(*n, &kind.to_ascii_lowercase()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "audited {objects} in {}: {} would be refused, {} would be mutated, {} opted out ({} more unverified, {} refused)",
+            plural(self.namespaces, "namespace"),
+            self.refused,
+            self.mutated,
+            self.opted_out,
+            self.unverified,
+            self.opt_out_refused,
+        )
+    }
+}
+
+fn plural(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// Between objects: how the background audit keeps to its share of the CPU. The command
+/// runs unpaced.
+pub trait Pace {
+    /// Called after each object judged, with the time judging it took.
+    fn after_object(&mut self, busy: Duration) -> impl std::future::Future<Output = ()> + Send;
+}
+
+/// No pacing: the command, which has the machine to itself.
+pub struct Unpaced;
+
+impl Pace for Unpaced {
+    async fn after_object(&mut self, _: Duration) {}
+}
+
+/// Reads the cluster and judges what it lists.
+pub struct Auditor {
+    pub client: Client,
+    /// The API server, for messages.
+    pub url: String,
+    pub context: Context,
+    /// `-l`: a label selector for the objects listed.
+    pub selector: Option<String>,
+    /// Objects per list request.
+    pub page_size: u32,
+    /// Namespaces (names or globs) left out of an audit of all namespaces: those the
+    /// webhooks never act in.
+    pub exclude: Vec<tollgate_core::glob::Glob>,
+}
+
+impl Auditor {
+    pub fn new(client: Client, url: String) -> Auditor {
+        Auditor {
+            client,
+            url,
+            context: Context::PerNamespace,
+            selector: None,
+            page_size: list::PAGE_SIZE,
+            exclude: vec![],
+        }
+    }
+
+    /// The namespaces in scope, with their labels (policy profiles match on them).
+    pub async fn namespaces(
+        &self,
+        scope: &Namespaces,
+        policy: &Policy,
+    ) -> Result<Vec<NamespaceInfo>, AuditError> {
+        list::namespaces(self, scope, policy).await
+    }
+
+    /// Judges every object of `namespace` the policy reviews (pods; the workload kinds of
+    /// the policy once it has them: [`list::kinds`]), calling `found` with each in list
+    /// order; returns the namespace's totals.
+    pub async fn audit_namespace(
+        &self,
+        policy: &Policy,
+        namespace: &NamespaceInfo,
+        pace: &mut impl Pace,
+        mut found: impl FnMut(&Audited) -> Result<(), AuditError>,
+    ) -> Result<Totals, AuditError> {
+        let mut totals = Totals {
+            namespaces: 1,
+            ..Totals::default()
+        };
+        let local: Objects;
+        let shared: Via<'_>;
+        let cluster: &(dyn Cluster + Sync) = match &self.context {
+            Context::Shared(c) => {
+                shared = Via(c.as_ref());
+                &shared
+            }
+            Context::PerNamespace => {
+                local = list::context(self, namespace).await?;
+                &local
+            }
+        };
+        for kind in list::kinds(policy) {
+            let mut pager = list::Pager::new(self, &kind, &namespace.name);
+            while let Some(page) = pager.next().await? {
+                for object in page {
+                    let started = Instant::now();
+                    let audited = judge(policy, cluster, object)?;
+                    let busy = started.elapsed();
+                    totals.add(&audited);
+                    found(&audited)?;
+                    pace.after_object(busy).await;
+                }
+            }
+        }
+        Ok(totals)
+    }
+}
+
+fn judge(
+    policy: &Policy,
+    cluster: &(dyn Cluster + Sync),
+    object: Value,
+) -> Result<Audited, AuditError> {
+    let name = || {
+        let s = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or("");
+        format!(
+            "{} {}/{}",
+            s("/kind"),
+            s("/metadata/namespace"),
+            s("/metadata/name")
+        )
+    };
+    let object_name = name();
+    engine::judge(policy, cluster, object).map_err(|e| AuditError::Judge {
+        object: object_name,
+        detail: e.to_string(),
+    })
+}
