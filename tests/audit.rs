@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use apiserver::{ApiServer, Fault, Verb};
+use apiserver::{ApiServer, Fault, ResourceType, Verb};
 use serde_json::{json, Value};
 
 /// Runs the binary (on a blocking thread: the stand-in answers on this runtime).
@@ -506,6 +506,91 @@ async fn findings_name_what_is_missing_and_what_mutation_would_add() {
         stderr(&out).trim(),
         "tollgate: audited 4 pods in 1 namespace: 2 would be refused, 1 would be mutated, 0 opted out (1 more unverified, 0 refused)"
     );
+}
+
+/// Workloads of the policy's kinds the cluster serves are judged by their templates'
+/// pods; one a controller made (a Deployment's ReplicaSet) is left to its parent; a kind
+/// the cluster does not serve (no Kubeflow here) is skipped, asked for once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workloads_are_judged_by_their_templates_and_absent_kinds_skipped() {
+    let api = ApiServer::builder()
+        .resources(ResourceType::defaults())
+        .resource(ResourceType::new(
+            "apps",
+            "v1",
+            "deployments",
+            "Deployment",
+            true,
+        ))
+        .resource(ResourceType::new(
+            "apps",
+            "v1",
+            "replicasets",
+            "ReplicaSet",
+            true,
+        ))
+        .start()
+        .await;
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    api.write_kubeconfig(kubeconfig.path()).unwrap();
+    let c = Cluster { api, kubeconfig };
+    for ns in ["ml", "web"] {
+        c.namespace(ns, json!({}));
+    }
+    let template = json!({"metadata": {"labels": {"app": "nb"}},
+        "spec": {"containers": [{"name": "jupyter", "image": "jupyter"}]}});
+    let deployment = |ns: &str, name: &str| {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": ns, "uid": format!("d-{name}")},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "nb"}},
+                     "template": template}})
+    };
+    c.api
+        .insert("deployments", deployment("ml", "notebook-server"));
+    c.api.insert(
+        "replicasets",
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "notebook-server-5d4f", "namespace": "ml",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment",
+                    "name": "notebook-server", "uid": "d-notebook-server", "controller": true}]},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "nb"}},
+                     "template": template}}),
+    );
+    let mut opted = deployment("web", "approved");
+    opted["spec"]["template"]["metadata"]["annotations"] = json!({
+        "tollgate.dev/opt-out": "true", "tollgate.dev/opt-out-approved-by": "alice"});
+    c.api.insert("deployments", opted);
+    let out = c.audit(&["-A", "--output", "json"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let lines = json_lines(&out);
+    let refused: Vec<&Value> = lines.iter().filter(|l| l["result"] == "fail").collect();
+    assert_eq!(refused.len(), 1, "{lines:#?}");
+    assert_eq!(refused[0]["object"]["kind"], "Deployment");
+    assert_eq!(refused[0]["object"]["apiVersion"], "apps/v1");
+    assert_eq!(refused[0]["object"]["name"], "notebook-server");
+    assert_eq!(refused[0]["missing"][0]["container"], "jupyter");
+    let skipped: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["object"]["name"] == "approved")
+        .collect();
+    assert_eq!(skipped.len(), 1, "{skipped:#?}");
+    assert_eq!(
+        (skipped[0]["rule"].as_str(), skipped[0]["optOut"].as_str()),
+        (Some("opt-out"), Some("honoured"))
+    );
+    assert!(lines.iter().all(|l| l["object"]["kind"] != "ReplicaSet"));
+    assert_eq!(
+        stderr(&out).trim(),
+        "tollgate: audited 2 deployments in 2 namespaces: 1 would be refused, 0 would be mutated, 1 opted out (0 more unverified, 0 refused)"
+    );
+    // Kubeflow's kinds are not served: each asked for in the first namespace only.
+    let asked = c
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.path.contains("/apis/kubeflow.org/v1/") && r.path.contains("pytorchjobs"))
+        .count();
+    assert_eq!(asked, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

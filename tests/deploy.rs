@@ -968,6 +968,28 @@ fn the_audit_component_adds_its_flag_rbac_and_crd_and_nothing_else() {
         })
         .collect();
     audit.sort();
+    // The workloads it judges: `list` on exactly the shipped policy's kinds.
+    let mut workloads: Vec<String> = grants(&docs)
+        .into_iter()
+        .filter(|(ns, r, _, _)| {
+            ns.is_none()
+                && tollgate_core::policy::Policy::builtin()
+                    .workloads
+                    .kinds
+                    .iter()
+                    .any(|k| k.group == r.split('/').next().unwrap_or(""))
+        })
+        .map(|(_, r, v, _)| format!("{r} {v}"))
+        .collect();
+    workloads.sort();
+    let mut listed: Vec<String> = tollgate_core::policy::Policy::builtin()
+        .workloads
+        .kinds
+        .iter()
+        .map(|k| format!("{}/{}s list", k.group, k.kind.to_ascii_lowercase()))
+        .collect();
+    listed.sort();
+    assert_eq!(workloads, listed, "the audit lists the policy's workloads");
     assert_eq!(
         audit,
         [

@@ -244,6 +244,7 @@ impl Loop {
         let policy = (self.policy)();
         let policy: &Policy = (*policy).as_ref();
         let seconds = unix_now();
+        self.auditor.forget_absent();
         let namespaces = self.auditor.namespaces(&Namespaces::All, policy).await?;
         // Which namespaces hold a report of tollgate's: only those are deleted from, so a
         // clean namespace costs no request. If they cannot be listed, every clean

@@ -190,11 +190,20 @@ where
     }
 }
 
-/// The kinds an audit judges under `policy`: pods. The workload kinds a policy lists
-/// (Jobs, Deployments, PyTorchJobs, ...) are each one more [`ApiResource`] here, listed
-/// and judged the same way, once the engine reviews workloads.
-pub fn kinds(_policy: &Policy) -> Vec<ApiResource> {
-    vec![ApiResource::erase::<Pod>(&())]
+/// The kinds an audit judges under `policy`: pods, then the workload kinds it lists
+/// (Jobs, Deployments, PyTorchJobs, ...; `workloads.kinds`, when `workloads.enabled`), each
+/// judged by the pods its templates will make. Their plural is the lower-cased kind and
+/// `s`, as for every kind the policy ships and the webhooks register (`tests/deploy.rs`).
+pub fn kinds(policy: &Policy) -> Vec<ApiResource> {
+    let mut out = vec![ApiResource::erase::<Pod>(&())];
+    if policy.workloads.enabled {
+        for k in &policy.workloads.kinds {
+            let gvk = kube::api::GroupVersionKind::gvk(&k.group, &k.version, &k.kind);
+            let plural = format!("{}s", k.kind.to_ascii_lowercase());
+            out.push(ApiResource::from_gvk_with_plural(&gvk, &plural));
+        }
+    }
+    out
 }
 
 /// One page of a list, as the apiserver sends it.

@@ -266,6 +266,9 @@ pub struct Auditor {
     /// Namespaces (names or globs) left out of an audit of all namespaces: those the
     /// webhooks never act in.
     pub exclude: Vec<tollgate_core::glob::Glob>,
+    /// The workload kinds the cluster answered 404 for (their CRD is not installed): not
+    /// asked for again in the namespaces after, until [`Auditor::forget_absent`].
+    absent: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Auditor {
@@ -277,7 +280,22 @@ impl Auditor {
             selector: None,
             page_size: list::PAGE_SIZE,
             exclude: vec![],
+            absent: Default::default(),
         }
+    }
+
+    /// Asks again for the kinds found absent: at the start of each background run, since a
+    /// CRD may have been installed since.
+    pub fn forget_absent(&self) {
+        self.absent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    fn is_absent(&self, kind: &kube::api::ApiResource) -> bool {
+        let absent = self.absent.lock().unwrap_or_else(|e| e.into_inner());
+        absent.contains(&absent_key(kind))
     }
 
     /// The namespaces in scope, with their labels (policy profiles match on them).
@@ -289,9 +307,9 @@ impl Auditor {
         list::namespaces(self, scope, policy).await
     }
 
-    /// Judges every object of `namespace` the policy reviews (pods; the workload kinds of
-    /// the policy once it has them: [`list::kinds`]), calling `found` with each in list
-    /// order; returns the namespace's totals.
+    /// Judges every object of `namespace` the policy reviews (pods, then the workloads of
+    /// the policy's kinds that no controller made: [`list::kinds`]), calling `found` with
+    /// each in list order; returns the namespace's totals.
     pub async fn audit_namespace(
         &self,
         policy: &Policy,
@@ -316,9 +334,33 @@ impl Auditor {
             }
         };
         for kind in list::kinds(policy) {
+            let is_pod = kind.kind == "Pod" && kind.group.is_empty();
+            if !is_pod && self.is_absent(&kind) {
+                continue;
+            }
             let mut pager = list::Pager::new(self, &kind, &namespace.name);
-            while let Some(page) = pager.next().await? {
+            loop {
+                let page = match pager.next().await {
+                    Ok(Some(page)) => page,
+                    Ok(None) => break,
+                    // A workload kind the cluster does not serve (no Ray, no Volcano
+                    // installed): nothing of it to judge.
+                    Err(AuditError::Api { detail, .. })
+                        if !is_pod && detail.starts_with("404 ") =>
+                    {
+                        let mut absent = self.absent.lock().unwrap_or_else(|e| e.into_inner());
+                        absent.insert(absent_key(&kind));
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                };
                 for object in page {
+                    // A workload a controller made (a Deployment's ReplicaSet, a CronJob's
+                    // Job) is its parent's template again: judged at the parent, and
+                    // its pods are judged as pods.
+                    if !is_pod && engine::controlled(&object) {
+                        continue;
+                    }
                     let started = Instant::now();
                     let audited = judge(policy, cluster, object)?;
                     let busy = started.elapsed();
@@ -330,6 +372,10 @@ impl Auditor {
         }
         Ok(totals)
     }
+}
+
+fn absent_key(kind: &kube::api::ApiResource) -> String {
+    format!("{}/{}", kind.api_version, kind.plural)
 }
 
 fn judge(

@@ -10,7 +10,9 @@
 //! Who created an existing object is not recorded anywhere an audit can read. The review
 //! is made by [`UNKNOWN_USER`], an authenticated user no policy names, and an opt-out the
 //! policy would honour only for some requesters is reported as
-//! [`OptOutState::Unverified`] and judged as not honoured (see [`opt_out_state`]).
+//! [`OptOutState::Unverified`] and judged as not honoured (see [`opt_out_state`]). A pod
+//! a controller made, and the pods a workload's templates will make, are reviewed as the
+//! controller's requests ([`controller_user`]): tollgate's approval in them decides.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -18,11 +20,12 @@ use serde_json::{json, Map, Value};
 
 use crate::cluster::Cluster;
 use crate::mutate::Step;
+use crate::optout::OptOut;
 use crate::pipeline::{self, Judged, PipelineError, Stage};
-use crate::policy::{Mode, Policy};
+use crate::policy::{Mode, Policy, WorkloadKind};
 use crate::requester::Requester;
 use crate::validate::Missing;
-use crate::{glob, optout};
+use crate::{glob, optout, workload};
 
 /// The requester of an audited object's review: nobody in particular. Empty, so that no
 /// user glob but `*` names it; its one group is `system:authenticated`, which every real
@@ -398,7 +401,12 @@ pub fn mode_str(mode: Mode) -> &'static str {
 /// The review an audit runs for `object` (as [`as_created`] left it): a CREATE in its
 /// namespace by [`UNKNOWN_USER`].
 pub fn review_of(object: Value) -> Value {
-    let mut review = pipeline::synthetic_review(&Value::Null, None, UNKNOWN_USER, &[]);
+    review_by(object, UNKNOWN_USER)
+}
+
+/// [`review_of`], requested by `user`.
+fn review_by(object: Value, user: &str) -> Value {
+    let mut review = pipeline::synthetic_review(&Value::Null, None, user, &[]);
     let namespace = object
         .pointer("/metadata/namespace")
         .and_then(Value::as_str)
@@ -426,9 +434,108 @@ pub fn judge(
 ) -> Result<Audited, PipelineError> {
     let who = ObjectRef::of(&object);
     as_created(&mut object);
-    let review = review_of(object);
+    let (group, version) = pipeline::group_version(&who.api_version);
+    if let Some(kind) = policy.workloads.kind(group, version, &who.kind) {
+        return judge_workload(policy, cluster, who.clone(), &object, kind);
+    }
+    let by_controller = controlled(&object);
+    judge_as_created(policy, cluster, who, object, by_controller)
+}
+
+/// Whether an object was made by a controller (an ownerReference with `controller: true`):
+/// a Deployment's ReplicaSet, a Job's pod.
+pub fn controlled(object: &Value) -> bool {
+    object
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .is_some_and(|refs| {
+            refs.iter()
+                .any(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
+        })
+}
+
+/// The requester an audit reviews a controller's object as: a name the policy's first
+/// `optOut.controllers` pattern matches (its `*` and `?` filled in), so that the object is
+/// judged as its controller's request is, by the approval its template carries. None when
+/// the policy names no controller.
+pub fn controller_user(policy: &Policy) -> Option<String> {
+    let first = policy.opt_out.controllers.first()?;
+    Some(first.as_str().replace(['*', '?'], "x"))
+}
+
+fn judge_as_created(
+    policy: &Policy,
+    cluster: &dyn Cluster,
+    who: ObjectRef,
+    object: Value,
+    by_controller: bool,
+) -> Result<Audited, PipelineError> {
+    let user = by_controller
+        .then(|| controller_user(policy))
+        .flatten()
+        .unwrap_or_else(|| UNKNOWN_USER.to_owned());
+    let review = review_by(object, &user);
     let judged = pipeline::run(policy, cluster, &review, Stage::All)?;
     Ok(findings(policy, who, &review, &judged))
+}
+
+/// A workload judged by the pods its templates will make: each as its controller would
+/// create it (`workload::pod_of`), judged as a controller's pod is (its opt-out by the
+/// approval the template carries), its findings led by the template's name
+/// (`replica Worker: ...`). The workload's profile, mode and opt-out are its first
+/// template's that has one.
+fn judge_workload(
+    policy: &Policy,
+    cluster: &dyn Cluster,
+    who: ObjectRef,
+    object: &Value,
+    kind: &WorkloadKind,
+) -> Result<Audited, PipelineError> {
+    let name = workload::workload_name(object);
+    let mut out = Audited {
+        object: who,
+        profile: None,
+        mode: policy.validation.mode,
+        opt_out: OptOutState::None,
+        findings: vec![],
+        warnings: vec![],
+    };
+    let mut first = true;
+    for t in workload::templates(kind, object) {
+        let pod = workload::pod_of(kind, &t, name, &out.object.namespace)
+            .and_then(|p| serde_json::to_value(p).map_err(|e| e.to_string()));
+        let pod = match pod {
+            Ok(p) => p,
+            Err(e) => {
+                out.findings.push(Finding {
+                    rule: Rule::Review,
+                    status: Status::Error,
+                    message: t.lead(&format!("the template is not a pod spec: {e}")),
+                    missing: vec![],
+                    adds: vec![],
+                });
+                continue;
+            }
+        };
+        let a = judge_as_created(policy, cluster, ObjectRef::default(), pod, true)?;
+        if first {
+            out.profile = a.profile;
+            out.mode = a.mode;
+            first = false;
+        }
+        if out.opt_out == OptOutState::None {
+            out.opt_out = a.opt_out;
+        }
+        out.findings.extend(a.findings.into_iter().map(|mut f| {
+            f.message = t.lead(&f.message);
+            f
+        }));
+        out.warnings.extend(a.warnings);
+    }
+    // By rule, then in template order (a stable sort).
+    out.findings
+        .sort_by_key(|f| Rule::ALL.iter().position(|r| *r == f.rule));
+    Ok(out)
 }
 
 /// The policy a profile stands for (the base policy for None or a name it lacks).
@@ -439,15 +546,18 @@ fn effective<'p>(policy: &'p Policy, profile: Option<&str>) -> &'p Policy {
         .unwrap_or(policy)
 }
 
-/// Whether an opt-out is honoured for an object whose creator is unknown: honoured if the
-/// policy honours it here for any requester, refused if for none, unverified otherwise.
+/// Whether an opt-out is honoured for an object reviewed as `requester`'s.
 ///
-/// Seam: a pod made by a controller (a `controller: true` ownerReference) was requested by
-/// the controller's service account. Once the policy can tell controllers apart and
-/// tollgate stamps the opt-outs it approved at the workload (the workload templates'
-/// approval annotation), such a pod's opt-out is decided here from that stamp, and is no
-/// longer unverified.
-pub fn opt_out_state(policy: &Policy, object: &Value, namespace: &str) -> OptOutState {
+/// Made by a controller (`requester` one of `optOut.controllers`): honoured with the
+/// approval tollgate stamped on its template, refused without, as at the pod.
+/// Otherwise its creator is unknown: honoured if the policy honours it here for any
+/// requester, refused if for none, unverified otherwise.
+pub fn opt_out_state(
+    policy: &Policy,
+    object: &Value,
+    namespace: &str,
+    requester: &str,
+) -> OptOutState {
     let rule = &policy.opt_out;
     let asked = object
         .pointer("/metadata/annotations")
@@ -456,6 +566,28 @@ pub fn opt_out_state(policy: &Policy, object: &Value, namespace: &str) -> OptOut
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
     if !asked {
         return OptOutState::None;
+    }
+    if optout::is_controller(policy, requester) {
+        // A controller's pod: honoured only with the approval its template gave it, as
+        // the webhooks decide it at the pod.
+        let annotations: BTreeMap<String, String> = object
+            .pointer("/metadata/annotations")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+            .collect();
+        let authenticated = ["system:authenticated".to_owned()];
+        let controller = Requester {
+            namespace,
+            username: requester,
+            groups: &authenticated,
+        };
+        return match optout::decide_for(policy, Some(&annotations), &controller) {
+            OptOut::Honoured => OptOutState::Honoured,
+            OptOut::Refused(why) => OptOutState::Refused(why),
+            OptOut::NotRequested => OptOutState::None,
+        };
     }
     let authenticated = ["system:authenticated".to_owned()];
     let unknown = Requester {
@@ -500,7 +632,11 @@ pub fn findings(policy: &Policy, object: ObjectRef, review: &Value, judged: &Jud
         .pointer("/request/namespace")
         .and_then(Value::as_str)
         .unwrap_or("");
-    let opt_out = opt_out_state(policy, sent, namespace);
+    let requester = review
+        .pointer("/request/userInfo/username")
+        .and_then(Value::as_str)
+        .unwrap_or(UNKNOWN_USER);
+    let opt_out = opt_out_state(policy, sent, namespace, requester);
     let mut out = Audited {
         object,
         profile,
@@ -575,7 +711,19 @@ pub fn findings(policy: &Policy, object: ObjectRef, review: &Value, judged: &Jud
         OptOutState::None => None,
         OptOutState::Honoured => Some((
             Status::Skip,
-            format!("opted out with {annotation}, honoured here for anyone: neither mutated nor checked"),
+            match sent
+                .pointer("/metadata/annotations")
+                .and_then(|a| a.get(&policy.opt_out.approval_annotation))
+                .and_then(Value::as_str)
+                .filter(|_| optout::is_controller(policy, requester))
+            {
+                Some(by) => format!(
+                    "opted out with {annotation}, approved at the workload for user {by:?}: neither mutated nor checked"
+                ),
+                None => format!(
+                    "opted out with {annotation}, honoured here for anyone: neither mutated nor checked"
+                ),
+            },
         )),
         OptOutState::Refused(why) => Some((Status::Warn, format!("{why}; handled as usual"))),
         OptOutState::Unverified(why) => Some((
@@ -860,6 +1008,126 @@ mod tests {
         assert_eq!(rules(&a), [("requests", "fail")]);
         assert!(a.findings[0].message.contains("once enforced"));
         assert_eq!(a.mode, Mode::Warn);
+    }
+
+    #[test]
+    fn a_controllers_pod_opts_out_by_the_approval_its_template_gave_it() {
+        let policy = Policy::builtin();
+        let made = |annotations: Value| {
+            pod(
+                json!({"annotations": annotations, "ownerReferences": [{"apiVersion": "batch/v1",
+                    "kind": "Job", "name": "train", "uid": "j-1", "controller": true}]}),
+                json!({"containers": [{"name": "jupyter", "image": "j"}]}),
+            )
+        };
+        let a = judge(
+            &policy,
+            &Objects::complete(),
+            made(json!({"tollgate.dev/opt-out": "true",
+                        "tollgate.dev/opt-out-approved-by": "alice"})),
+        )
+        .unwrap();
+        assert_eq!(a.opt_out, OptOutState::Honoured);
+        assert_eq!(rules(&a), [("opt-out", "skip")]);
+        assert!(
+            a.findings[0].message.contains("\"alice\""),
+            "{}",
+            a.findings[0].message
+        );
+
+        // No approval (a workload made before tollgate, or by someone who may not): the
+        // pods its controller makes get no opt-out.
+        let a = judge(
+            &policy,
+            &Objects::complete(),
+            made(json!({"tollgate.dev/opt-out": "true"})),
+        )
+        .unwrap();
+        assert!(
+            matches!(&a.opt_out, OptOutState::Refused(w) if w.contains("tollgate.dev/opt-out-approved-by")),
+            "{:?}",
+            a.opt_out
+        );
+        assert_eq!(rules(&a), [("requests", "fail"), ("opt-out", "warn")]);
+    }
+
+    fn job(template_meta: Value, containers: Value) -> Value {
+        json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "train", "namespace": "ml", "uid": "j-1", "resourceVersion": "7"},
+            "spec": {"template": {"metadata": template_meta,
+                "spec": {"restartPolicy": "Never", "containers": containers}}},
+            "status": {"active": 1}})
+    }
+
+    #[test]
+    fn a_workload_is_judged_by_the_pods_of_its_templates() {
+        let policy = Policy::builtin();
+        // Without default limits, a Job's pods keep their lack of requests.
+        let mut bare = policy.clone();
+        bare.mutation.default_resources.enabled = false;
+        let a = judge(
+            &bare,
+            &Objects::complete(),
+            job(json!({}), json!([{"name": "jupyter", "image": "j"}])),
+        )
+        .unwrap();
+        assert_eq!(a.object.kind, "Job");
+        assert_eq!(a.object.uid, "j-1");
+        assert_eq!(
+            rules(&a),
+            [("requests", "fail"), ("metrics-sidecar", "warn")]
+        );
+        assert!(a.refused());
+        assert_eq!(a.findings[0].missing[0].container, "jupyter");
+
+        // The shipped policy: mutation gives the Job's (training) pods limits, the
+        // apiserver's defaulting turns them into requests, and they would pass.
+        let a = judge(
+            &policy,
+            &Objects::complete(),
+            job(
+                json!({}),
+                json!([{"name": "t", "image": "t", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]),
+            ),
+        )
+        .unwrap();
+        assert!(!a.refused() && a.mutated(), "{:?}", rules(&a));
+
+        // An approved opt-out in the template: honoured for its pods.
+        let a = judge(
+            &policy,
+            &Objects::complete(),
+            job(
+                json!({"annotations": {"tollgate.dev/opt-out": "true",
+                    "tollgate.dev/opt-out-approved-by": "alice"}}),
+                json!([{"name": "jupyter", "image": "j"}]),
+            ),
+        )
+        .unwrap();
+        assert_eq!(a.opt_out, OptOutState::Honoured);
+        assert!(!a.refused());
+    }
+
+    #[test]
+    fn each_finding_of_a_workload_names_its_template() {
+        let sized = json!([{"name": "pytorch", "image": "p",
+            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]);
+        let bare = json!([{"name": "pytorch", "image": "p"}]);
+        let replica = |containers: &Value| json!({"replicas": 1, "template": {"spec": {"containers": containers}}});
+        let job = json!({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "metadata": {"name": "bert", "namespace": "ml"},
+            "spec": {"pytorchReplicaSpecs": {"Master": replica(&sized), "Worker": replica(&bare)}}});
+        let mut bare = Policy::builtin();
+        bare.mutation.default_resources.enabled = false;
+        let a = judge(&bare, &Objects::complete(), job).unwrap();
+        let fails: Vec<&str> = a
+            .findings
+            .iter()
+            .filter(|f| f.status == Status::Fail)
+            .map(|f| f.message.as_str())
+            .collect();
+        assert_eq!(fails.len(), 1, "{fails:?}");
+        assert!(fails[0].starts_with("replica Worker: "), "{}", fails[0]);
     }
 
     #[test]

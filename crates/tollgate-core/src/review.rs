@@ -580,13 +580,7 @@ fn review_workload(
         username: req.user_info.username.as_deref().unwrap_or_default(),
         groups,
     };
-    let labels: std::collections::BTreeMap<String, String> = object
-        .pointer("/metadata/labels")
-        .and_then(Value::as_object)
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
-        .collect();
+    let labels = workload::labels_of(object);
     let selected = profile::select(policy, namespace, PodLabels::Parsed(Some(&labels)), cluster);
     reviewed.profile = selected.profile.map(str::to_owned);
     reviewed.unresolved.extend(selected.unresolved);

@@ -161,7 +161,7 @@ impl Template<'_> {
     }
 
     /// `text`, led by the template's name when it has one (`replica Worker: ...`).
-    fn lead(&self, text: &str) -> String {
+    pub fn lead(&self, text: &str) -> String {
         match &self.label {
             Some(l) => format!("{l}: {text}"),
             None => text.to_owned(),
@@ -176,14 +176,7 @@ pub fn pod_labels(
     t: &Template<'_>,
     workload: &str,
 ) -> BTreeMap<String, String> {
-    let mut labels: BTreeMap<String, String> = t
-        .value
-        .pointer("/metadata/labels")
-        .and_then(Value::as_object)
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
-        .collect();
+    let mut labels = labels_of(t.value);
     let lower = t.name.to_ascii_lowercase();
     for (k, v) in kind.labels.iter().chain(&t.spec.labels) {
         let v = v
@@ -234,7 +227,7 @@ pub fn pod_of(
 }
 
 /// The workload's name for the controller's labels and the pods' generateName.
-fn workload_name(object: &Value) -> &str {
+pub fn workload_name(object: &Value) -> &str {
     let meta = object.get("metadata");
     ["name", "generateName"]
         .iter()
@@ -731,6 +724,17 @@ fn pipeline(
     // In warn and audit modes the decision allows; enforce is what refuses.
     debug_assert!(decision.allowed || policy.validation.mode == Mode::Enforce);
     (decision, warnings, unresolved)
+}
+
+/// An object's labels (`metadata.labels`, string values only, as the apiserver allows).
+pub fn labels_of(object: &Value) -> BTreeMap<String, String> {
+    object
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+        .collect()
 }
 
 #[cfg(test)]
