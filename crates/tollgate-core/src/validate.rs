@@ -206,7 +206,6 @@ pub fn judge(policy: &Policy, pod: &Pod, who: &Requester<'_>, opt_out: OptOut) -
         d.opt_out = Some(opt_out);
         return d;
     }
-    let summary = summary(&missing);
     let mut d = match rule.mode {
         Mode::Enforce => Decision {
             allowed: false,
@@ -243,13 +242,13 @@ pub fn judge(policy: &Policy, pod: &Pod, who: &Requester<'_>, opt_out: OptOut) -
                 WARN_FIX.fill(&[("required", &rule.required_requests.join(WARN_FIX_SEPARATOR))]),
             );
             d.audit_annotations
-                .insert(MISSING_AUDIT_KEY.into(), summary);
+                .insert(MISSING_AUDIT_KEY.into(), summary(&missing));
             d
         }
         Mode::Audit => {
             let mut d = Decision::allow(Verdict::MissingRequests);
             d.audit_annotations
-                .insert(MISSING_AUDIT_KEY.into(), summary);
+                .insert(MISSING_AUDIT_KEY.into(), summary(&missing));
             d
         }
     };
@@ -294,36 +293,51 @@ pub fn denial_message(
     who: &Requester<'_>,
 ) -> String {
     let required = &policy.validation.required_requests;
-    let mut lines = vec![match workload {
-        None => HEADLINE.fill(&[("pod", name), ("required", &join_words(required))]),
-        Some(w) => WORKLOAD_HEADLINE.fill(&[("workload", w), ("required", &join_words(required))]),
-    }];
+    // One string, each line appended in place (no line of its own, no join).
+    let mut m = String::with_capacity(512);
+    let all = join_words(required);
+    match workload {
+        None => HEADLINE.fill_into(&mut m, &[("pod", name), ("required", &all)]),
+        Some(w) => WORKLOAD_HEADLINE.fill_into(&mut m, &[("workload", w), ("required", &all)]),
+    }
     for part in parts {
         for x in part.missing {
             let resources = join_words(&x.resources);
             let container = quote(&x.container);
-            let mut holes = vec![
-                ("noun", x.noun),
-                ("container", container.as_str()),
-                ("resources", resources.as_str()),
-            ];
-            lines.push(match part.template {
-                Some(t) => {
-                    holes.push(("template", t));
-                    TEMPLATE_CONTAINER_LINE.fill(&holes)
-                }
-                None => CONTAINER_LINE.fill(&holes),
-            });
+            m.push('\n');
+            match part.template {
+                Some(t) => TEMPLATE_CONTAINER_LINE.fill_into(
+                    &mut m,
+                    &[
+                        ("noun", x.noun),
+                        ("container", &container),
+                        ("resources", &resources),
+                        ("template", t),
+                    ],
+                ),
+                None => CONTAINER_LINE.fill_into(
+                    &mut m,
+                    &[
+                        ("noun", x.noun),
+                        ("container", &container),
+                        ("resources", &resources),
+                    ],
+                ),
+            }
         }
     }
-    lines.extend(FIX_LINES.iter().map(|l| (*l).to_owned()));
+    for l in FIX_LINES {
+        m.push('\n');
+        m.push_str(l);
+    }
     // Only what is missing somewhere, in the policy's order: the lines a user has to add.
     for r in required.iter().filter(|r| {
         parts
             .iter()
             .any(|p| p.missing.iter().any(|x| x.resources.contains(r)))
     }) {
-        lines.push(EXAMPLE_LINE.fill(&[("resource", r), ("amount", example_amount(r))]));
+        m.push('\n');
+        EXAMPLE_LINE.fill_into(&mut m, &[("resource", r), ("amount", example_amount(r))]);
     }
     let annotation = &policy.opt_out.annotation;
     let mut offered = false;
@@ -334,9 +348,13 @@ pub fn denial_message(
                     .template
                     .map(|t| format!(" of {t}"))
                     .unwrap_or_default();
-                lines.push(TEMPLATE_REFUSED_LINE.fill(&[("of", &of), ("why", why)]));
+                m.push('\n');
+                TEMPLATE_REFUSED_LINE.fill_into(&mut m, &[("of", &of), ("why", why)]);
             }
-            OptOut::Refused(why) => lines.push(REFUSED_LINE.fill(&[("why", why)])),
+            OptOut::Refused(why) => {
+                m.push('\n');
+                REFUSED_LINE.fill_into(&mut m, &[("why", why)]);
+            }
             // Offered only where it would be honoured: pointing at a door that is locked
             // for this user helps nobody.
             _ if !offered && optout::permitted(policy, who).is_ok() => {
@@ -345,12 +363,13 @@ pub fn denial_message(
                     None => OFFER_LINE,
                     Some(_) => TEMPLATE_OFFER_LINE,
                 };
-                lines.push(offer.fill(&[("annotation", annotation)]));
+                m.push('\n');
+                offer.fill_into(&mut m, &[("annotation", annotation)]);
             }
             _ => {}
         }
     }
-    lines.join("\n")
+    m
 }
 
 /// The amount the fix-it lines suggest for a resource.
