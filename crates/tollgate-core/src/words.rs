@@ -90,6 +90,19 @@ pub fn join_words(items: &[String]) -> String {
 /// A name in double quotes, escaped as Rust's `{:?}` does (which is what every message of
 /// the webhook has always written).
 pub fn quote(text: &str) -> String {
+    // Printable ASCII but the quote and the backslash is written as it is by `{:?}`: nearly
+    // every pod, container, user and namespace name, quoted here without `Debug`'s per-char
+    // escaping (an opted-out pod's audit note cost 2.8k instructions with it).
+    if text
+        .bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
+        let mut out = String::with_capacity(text.len() + 2);
+        out.push('"');
+        out.push_str(text);
+        out.push('"');
+        return out;
+    }
     format!("{text:?}")
 }
 
@@ -107,6 +120,25 @@ pub fn one_line<'a>(lines: impl IntoIterator<Item = &'a str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quote_is_debug() {
+        for t in [
+            "",
+            "jupyter",
+            "a b",
+            "q\"x",
+            "back\\slash",
+            "tab\t",
+            "dél",
+            "日本",
+            "\u{7f}",
+            "~",
+            " ",
+        ] {
+            assert_eq!(quote(t), format!("{t:?}"), "{t}");
+        }
+    }
 
     #[test]
     fn templates_split_into_text_and_holes() {
