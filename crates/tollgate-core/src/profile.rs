@@ -40,8 +40,47 @@ pub enum PodLabels<'a> {
 /// needs unescaping).
 enum Readable<'a> {
     Parsed(Option<&'a BTreeMap<String, String>>),
-    Borrowed(BTreeMap<&'a str, &'a str>),
+    Borrowed(Pairs<'a>),
     Owned(BTreeMap<String, String>),
+}
+
+/// Labels borrowed from their JSON text, in their order: a handful of pairs searched in
+/// place costs less than building a map of them (measured: a 10-profile policy's choice
+/// cost a labelled pod's review 4.3k instructions with a `BTreeMap`, 2.0k with this).
+struct Pairs<'a>(Vec<(&'a str, &'a str)>);
+
+impl<'de> serde::Deserialize<'de> for Pairs<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Pairs<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map of labels")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<Pairs<'de>, A::Error> {
+                let mut out = Vec::with_capacity(m.size_hint().unwrap_or(8));
+                while let Some(pair) = m.next_entry::<&'de str, &'de str>()? {
+                    out.push(pair);
+                }
+                Ok(Pairs(out))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+impl Pairs<'_> {
+    /// The value of `key`; the last one, as a map would keep it, if the text repeats it.
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| *v)
+    }
 }
 
 impl<'a> Readable<'a> {
@@ -73,7 +112,7 @@ impl Labels for Readable<'_> {
     fn value(&self, key: &str) -> Option<&str> {
         match self {
             Readable::Parsed(l) => l.and_then(|l| l.get(key)).map(String::as_str),
-            Readable::Borrowed(l) => l.get(key).copied(),
+            Readable::Borrowed(l) => l.get(key),
             Readable::Owned(l) => l.get(key).map(String::as_str),
         }
     }
@@ -267,6 +306,25 @@ mod tests {
 ",
         )
         .unwrap()
+    }
+
+    #[test]
+    fn labels_read_from_text_are_the_labels_parsed() {
+        let text = r#"{"app":"web","team":"a","app":"svc","esc\u0061ped":"x\"y","empty":""}"#;
+        let raw: &RawValue = serde_json::from_str(text).unwrap();
+        let parsed: BTreeMap<String, String> = serde_json::from_str(text).unwrap();
+        let read = Readable::of(PodLabels::Raw(Some(raw)));
+        for key in ["app", "team", "escaped", "empty", "absent"] {
+            assert_eq!(
+                read.value(key),
+                parsed.get(key).map(String::as_str),
+                "{key}"
+            );
+        }
+        let plain: &RawValue = serde_json::from_str(r#"{"app":"web","app":"svc"}"#).unwrap();
+        let read = Readable::of(PodLabels::Raw(Some(plain)));
+        assert!(matches!(read, Readable::Borrowed(_)));
+        assert_eq!(read.value("app"), Some("svc"), "the last of a repeated key");
     }
 
     #[test]
