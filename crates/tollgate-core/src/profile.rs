@@ -42,6 +42,8 @@ enum Readable<'a> {
     Parsed(Option<&'a BTreeMap<String, String>>),
     Text {
         text: &'a str,
+        /// Whether the text holds an escape (then a key may be spelled otherwise).
+        escaped: bool,
         read: std::cell::OnceCell<Read<'a>>,
     },
 }
@@ -97,6 +99,7 @@ impl<'a> Readable<'a> {
             PodLabels::Raw(None) => Readable::Parsed(None),
             PodLabels::Raw(Some(raw)) => Readable::Text {
                 text: raw.get(),
+                escaped: raw.get().as_bytes().contains(&b'\\'),
                 read: std::cell::OnceCell::new(),
             },
         }
@@ -128,10 +131,14 @@ impl Labels for Readable<'_> {
     fn value(&self, key: &str) -> Option<&str> {
         match self {
             Readable::Parsed(l) => l.and_then(|l| l.get(key)).map(String::as_str),
-            Readable::Text { text, read } => {
+            Readable::Text {
+                text,
+                escaped,
+                read,
+            } => {
                 // Without an escape in the text, a key it does not spell is not one of the
                 // labels: most pods lack the keys a profile selects on, and are not read.
-                if !text.contains('\\') && !text.contains(key) {
+                if !escaped && !text.contains(key) {
                     return None;
                 }
                 match read.get_or_init(|| Read::of(text)) {
