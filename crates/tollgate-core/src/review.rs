@@ -372,6 +372,15 @@ fn slow_path(
     Ok(reviewed)
 }
 
+/// Who asks, and where.
+fn requester<T: kube_core::Resource>(req: &AdmissionRequest<T>) -> Requester<'_> {
+    Requester {
+        namespace: req.namespace.as_deref().unwrap_or_default(),
+        username: req.user_info.username.as_deref().unwrap_or_default(),
+        groups: req.user_info.groups.as_deref().unwrap_or_default(),
+    }
+}
+
 fn skeleton<T: kube_core::Resource>(
     endpoint: Endpoint,
     req: &AdmissionRequest<T>,
@@ -450,14 +459,8 @@ fn review_request_labelled(
     let Some(operation) = policy_operation(&req.operation) else {
         return reviewed;
     };
-    let groups = req.user_info.groups.as_deref().unwrap_or_default();
-    let namespace = req.namespace.as_deref().unwrap_or_default();
-    let username = req.user_info.username.as_deref().unwrap_or_default();
-    let who = Requester {
-        namespace,
-        username,
-        groups,
-    };
+    let who = requester(&req);
+    let namespace = who.namespace;
     let labels = match raw_labels {
         Some(raw) => PodLabels::Raw(Some(raw)),
         None => PodLabels::Parsed(pod.metadata.labels.as_ref()),
@@ -573,13 +576,8 @@ fn review_workload(
     let Some(operation) = policy_operation(&req.operation) else {
         return reviewed;
     };
-    let groups = req.user_info.groups.as_deref().unwrap_or_default();
-    let namespace = req.namespace.as_deref().unwrap_or_default();
-    let who = Requester {
-        namespace,
-        username: req.user_info.username.as_deref().unwrap_or_default(),
-        groups,
-    };
+    let who = requester(req);
+    let namespace = who.namespace;
     let labels = workload::labels_of(object);
     let selected = profile::select(policy, namespace, PodLabels::Parsed(Some(&labels)), cluster);
     reviewed.profile = selected.profile.map(str::to_owned);
