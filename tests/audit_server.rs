@@ -449,10 +449,18 @@ async fn the_audit_keeps_to_its_rate() {
     })
     .await;
     let limit = Duration::from_secs(30);
+    // The run's end, not its report: the report is written before the run's metrics are.
     until("the first run", limit, async || {
-        report(&api, "ml").is_some()
+        common::scrape::value(
+            &metrics(&s).await,
+            "tollgate_audit_runs_total",
+            &[("result", "success")],
+        )
+        .unwrap_or(0.0)
+            >= 1.0
     })
     .await;
+    assert!(report(&api, "ml").is_some());
     let samples = metrics(&s).await;
     let took =
         common::scrape::value(&samples, "tollgate_audit_last_run_duration_seconds", &[]).unwrap();
