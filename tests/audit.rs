@@ -583,6 +583,17 @@ async fn workloads_are_judged_by_their_templates_and_absent_kinds_skipped() {
         stderr(&out).trim(),
         "tollgate: audited 2 deployments in 2 namespaces: 1 would be refused, 0 would be mutated, 1 opted out (0 more unverified, 0 refused)"
     );
+    // A kind the identity may not list is left out, said once, and its pods still count.
+    c.api
+        .inject(apiserver::Fault::status(403).on("deployments", Verb::List));
+    let out = c.audit(&["-A", "--output", "json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.matches("not audited").count(), 1, "{err}");
+    assert!(
+        err.contains("apps/v1/deployments not audited (their pods were): forbidden: tollgate audit needs list on deployments"),
+        "{err}"
+    );
     // Kubeflow's kinds are not served: each asked for in the first namespace only.
     let asked = c
         .api
@@ -590,7 +601,7 @@ async fn workloads_are_judged_by_their_templates_and_absent_kinds_skipped() {
         .iter()
         .filter(|r| r.path.contains("/apis/kubeflow.org/v1/") && r.path.contains("pytorchjobs"))
         .count();
-    assert_eq!(asked, 1);
+    assert_eq!(asked, 2, "once per run");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -196,6 +196,10 @@ impl Loop {
                         "background audit: {}",
                         totals.summary()
                     );
+                    for (kind, why) in self.auditor.forbidden_kinds() {
+                        self.metrics.errors.inc();
+                        warn!(kind = %kind, error = %why, "background audit: a workload kind was not audited (its pods were)");
+                    }
                 }
                 Err(AuditError::Stopped) => {
                     info!("background audit: run stopped (shutting down, or the lease passed to another replica)");

@@ -266,9 +266,10 @@ pub struct Auditor {
     /// Namespaces (names or globs) left out of an audit of all namespaces: those the
     /// webhooks never act in.
     pub exclude: Vec<tollgate_core::glob::Glob>,
-    /// The workload kinds the cluster answered 404 for (their CRD is not installed): not
-    /// asked for again in the namespaces after, until [`Auditor::forget_absent`].
-    absent: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// The workload kinds not listed, and why: the cluster answered 404 (their CRD is not
+    /// installed, `None`) or 403 (the identity may not list them). Not asked for again in
+    /// the namespaces after, until [`Auditor::forget_absent`].
+    absent: std::sync::Mutex<BTreeMap<String, Option<String>>>,
 }
 
 impl Auditor {
@@ -295,7 +296,22 @@ impl Auditor {
 
     fn is_absent(&self, kind: &kube::api::ApiResource) -> bool {
         let absent = self.absent.lock().unwrap_or_else(|e| e.into_inner());
-        absent.contains(&absent_key(kind))
+        absent.contains_key(&absent_key(kind))
+    }
+
+    fn skip(&self, kind: &kube::api::ApiResource, why: Option<String>) {
+        let mut absent = self.absent.lock().unwrap_or_else(|e| e.into_inner());
+        absent.insert(absent_key(kind), why);
+    }
+
+    /// The workload kinds the cluster served but the identity could not list, with the
+    /// error: their workloads were not judged (their pods were).
+    pub fn forbidden_kinds(&self) -> Vec<(String, String)> {
+        let absent = self.absent.lock().unwrap_or_else(|e| e.into_inner());
+        absent
+            .iter()
+            .filter_map(|(k, why)| Some((k.clone(), why.clone()?)))
+            .collect()
     }
 
     /// The namespaces in scope, with their labels (policy profiles match on them).
@@ -348,8 +364,13 @@ impl Auditor {
                     Err(AuditError::Api { detail, .. })
                         if !is_pod && detail.starts_with("404 ") =>
                     {
-                        let mut absent = self.absent.lock().unwrap_or_else(|e| e.into_inner());
-                        absent.insert(absent_key(&kind));
+                        self.skip(&kind, None);
+                        break;
+                    }
+                    // A workload kind the identity may not list: its pods are still judged,
+                    // and the command and the server's log say what was left out.
+                    Err(e @ AuditError::Forbidden { .. }) if !is_pod => {
+                        self.skip(&kind, Some(e.to_string()));
                         break;
                     }
                     Err(e) => return Err(e),

@@ -83,6 +83,9 @@ async fn audit(a: &AuditArgs) -> Result<Totals, String> {
     let mut writer = Writer::new(BufWriter::new(stdout.lock()), a.output, terminal, progress);
     let result = run_audit(&auditor, &policy, &scope, &mut writer).await;
     writer.progress.clear();
+    for (kind, why) in auditor.forbidden_kinds() {
+        eprintln!("tollgate: {kind} not audited (their pods were): {why}");
+    }
     let totals = result.map_err(|e| e.to_string())?;
     writer.finish(&totals).map_err(|e| e.to_string())?;
     Ok(totals)
