@@ -570,13 +570,7 @@ pub fn opt_out_state(
     if optout::is_controller(policy, requester) {
         // A controller's pod: honoured only with the approval its template gave it, as
         // the webhooks decide it at the pod.
-        let annotations: BTreeMap<String, String> = object
-            .pointer("/metadata/annotations")
-            .and_then(Value::as_object)
-            .into_iter()
-            .flatten()
-            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
-            .collect();
+        let annotations = workload::string_map(object.pointer("/metadata/annotations"));
         let authenticated = ["system:authenticated".to_owned()];
         let controller = Requester {
             namespace,

@@ -148,12 +148,8 @@ pub fn templates<'v>(kind: &'v WorkloadKind, object: &'v Value) -> Vec<Template<
 
 impl Template<'_> {
     fn annotations(&self) -> Option<BTreeMap<String, String>> {
-        let a = self.value.pointer("/metadata/annotations")?.as_object()?;
-        Some(
-            a.iter()
-                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
-                .collect(),
-        )
+        let a = self.value.pointer("/metadata/annotations")?;
+        a.is_object().then(|| string_map(Some(a)))
     }
 
     fn display(&self) -> &str {
@@ -728,9 +724,12 @@ fn pipeline(
 
 /// An object's labels (`metadata.labels`, string values only, as the apiserver allows).
 pub fn labels_of(object: &Value) -> BTreeMap<String, String> {
-    object
-        .pointer("/metadata/labels")
-        .and_then(Value::as_object)
+    string_map(object.pointer("/metadata/labels"))
+}
+
+/// A JSON object of strings (labels, annotations) as a map; other values are left out.
+pub fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {
+    v.and_then(Value::as_object)
         .into_iter()
         .flatten()
         .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
