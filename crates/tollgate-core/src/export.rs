@@ -471,7 +471,7 @@ impl<'a> Cel<'a> {
                 ),
             ),
             (
-                "namespace",
+                "requestNamespace",
                 "has(request.namespace) ? request.namespace : ''".to_owned(),
             ),
             (
@@ -487,7 +487,7 @@ impl<'a> Cel<'a> {
                     Part::Text("\"".into()),
                 ]),
             ),
-            ("optOutNamespace", any_glob(&o.namespaces, "variables.namespace")),
+            ("optOutNamespace", any_glob(&o.namespaces, "variables.requestNamespace")),
             // `optout::is_controller`: a controller's pod opts out only with tollgate's
             // approval from its template, and a controller is never permitted on its own.
             ("controller", any_glob(&o.controllers, "variables.user")),
@@ -629,7 +629,7 @@ impl<'a> Cel<'a> {
             AUDIT_NOTE,
             &[
                 ("user", cel("variables.userQuoted")),
-                ("namespace", quoted("variables.namespace")),
+                ("namespace", quoted("variables.requestNamespace")),
             ],
         );
         format!(
@@ -713,7 +713,7 @@ impl<'a> Cel<'a> {
     /// The last line: why an opt-out is refused, or where it would be honoured.
     fn opt_out_line(&self) -> String {
         let annotation = &self.scope.opt_out.annotation;
-        let ns = quoted("variables.namespace");
+        let ns = quoted("variables.requestNamespace");
         let why = format!(
             "(!variables.optOutNamespace ? {} : variables.controller ? {} : {})",
             fill(
@@ -1265,6 +1265,67 @@ mod tests {
             .as_str()
             .unwrap()
             .starts_with("!variables.inScope || "));
+    }
+
+    /// The apiserver refuses a ValidatingAdmissionPolicy whose variable is not a CEL
+    /// identifier or is one of CEL's reserved words (`isCELIdentifier` in its
+    /// admissionregistration validation): `namespace`, for one, is reserved.
+    #[test]
+    fn variable_names_are_cel_identifiers_the_apiserver_accepts() {
+        const RESERVED: [&str; 21] = [
+            "true",
+            "false",
+            "null",
+            "in",
+            "as",
+            "break",
+            "const",
+            "continue",
+            "else",
+            "for",
+            "function",
+            "if",
+            "import",
+            "let",
+            "loop",
+            "package",
+            "namespace",
+            "return",
+            "var",
+            "void",
+            "while",
+        ];
+        let p = Policy::default();
+        let scope = Scope {
+            name: "x.validate.tollgate.dev".into(),
+            validation: &p.validation,
+            opt_out: &p.opt_out,
+            guard: Some("true".into()),
+        };
+        let Node::List(vars) = Cel::new(&scope).variables() else {
+            panic!("variables are a list");
+        };
+        assert!(vars.len() > 10);
+        for v in vars {
+            let Node::Map(fields) = v else {
+                panic!("a variable is a map")
+            };
+            let Some((_, Node::Plain(name))) = fields.iter().find(|(k, _)| *k == "name") else {
+                panic!("a variable has a name")
+            };
+            let mut chars = name.chars();
+            assert!(
+                chars
+                    .next()
+                    .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+                    && chars.all(|c| c == '_' || c.is_ascii_alphanumeric()),
+                "{name}"
+            );
+            assert!(
+                !RESERVED.contains(&name.as_str()),
+                "{name} is reserved in CEL"
+            );
+        }
     }
 
     #[test]
