@@ -205,19 +205,20 @@ fn bench_review(c: &mut Criterion) {
         if case.name == "large.mutate" {
             let r = review_bytes_with(case.endpoint, &policy, &cluster, &case.body).unwrap();
             assert_eq!(
-                r.steps.len(),
+                r.steps().len(),
                 tollgate_core::mutate::Step::ALL.len(),
                 "the large pod must go through every mutation step: {:?}",
-                r.steps
+                r.steps()
             );
         }
         // The DRA fixture must be read through its claim template, as the server would.
         if case.name.starts_with("dra-trainer.mutate") {
             let r = review_bytes_with(case.endpoint, &policy, &cluster, &case.body).unwrap();
             assert!(
-                r.steps.contains(&tollgate_core::mutate::Step::Tolerations),
+                r.steps()
+                    .contains(&tollgate_core::mutate::Step::Tolerations),
                 "dra-trainer gets its GPU toleration through the template: {:?}",
-                r.steps
+                r.steps()
             );
         }
         group.bench_function(&case.name, |b| {

@@ -13,7 +13,7 @@ use crate::cluster::ResourceStatus;
 use tollgate_core::mutate::Step;
 use tollgate_core::optout::OptOut;
 use tollgate_core::policy::BASE_PROFILE;
-use tollgate_core::review::{Endpoint, Result as ReviewResult, Reviewed};
+use tollgate_core::review::{Endpoint, Outcome, Reviewed};
 use tollgate_core::validate::Verdict;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -356,23 +356,15 @@ impl Metrics {
             // Only the results each endpoint can give: mutation never denies, validation
             // never patches.
             let results = match e {
-                Endpoint::Mutate => [
-                    ReviewResult::Allowed,
-                    ReviewResult::Patched,
-                    ReviewResult::Error,
-                ],
-                Endpoint::Validate => [
-                    ReviewResult::Allowed,
-                    ReviewResult::Denied,
-                    ReviewResult::Error,
-                ],
+                Endpoint::Mutate => [Outcome::Allowed, Outcome::Patched, Outcome::Error],
+                Endpoint::Validate => [Outcome::Allowed, Outcome::Denied, Outcome::Error],
             };
             let endpoint = e.as_str();
             let _ = self.duration.get_or_create(&EndpointLabels { endpoint });
             let _ = self.reviews.get_or_create(&ReviewLabels {
                 endpoint,
                 operation: "unknown".into(),
-                result: ReviewResult::Error.as_str(),
+                result: Outcome::Error.as_str(),
             });
             for result in results {
                 let _ = self.reviews.get_or_create(&ReviewLabels {
@@ -412,7 +404,7 @@ impl Metrics {
             .get_or_create(&ReviewLabels {
                 endpoint,
                 operation: r.operation.clone(),
-                result: r.result.as_str(),
+                result: r.outcome.as_str(),
             })
             .inc();
         self.duration
@@ -424,16 +416,16 @@ impl Metrics {
                 profile: r.profile.as_deref().unwrap_or(BASE_PROFILE).to_owned(),
             })
             .inc();
-        for s in &r.steps {
+        for s in r.steps() {
             self.steps
                 .get_or_create(&StepLabels { step: s.as_str() })
                 .inc();
         }
-        if r.result == ReviewResult::Denied {
-            let reason = r.verdict.map_or("unknown", |v| v.as_str());
+        if r.outcome == Outcome::Denied {
+            let reason = r.verdict().map_or("unknown", |v| v.as_str());
             self.denials.get_or_create(&ReasonLabels { reason }).inc();
         }
-        let decision = match r.opt_out {
+        let decision = match r.opt_out() {
             Some(OptOut::Honoured) => Some("honoured"),
             Some(OptOut::Refused(_)) => Some("refused"),
             _ => None,

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube_cel::cel::extractors::This;
 use kube_cel::cel::objects::{Key, Map};
 use kube_cel::cel::{Context, Program, Value as Cel};
@@ -309,7 +310,7 @@ fn webhook(policy: &Policy, review: &Value, namespace: &Value) -> Decision {
     let labels = pod.as_ref().and_then(|p| p.metadata.labels.as_ref());
     let ns = review["request"]["namespace"].as_str().unwrap_or("");
     let policy = profile::select(policy, ns, profile::PodLabels::Parsed(labels), &cluster).policy;
-    let failed = r.verdict == Some(Verdict::MissingRequests);
+    let failed = r.verdict() == Some(Verdict::MissingRequests);
     let response = &r.response;
     let message = if !failed {
         None
@@ -329,7 +330,7 @@ fn webhook(policy: &Policy, review: &Value, namespace: &Value) -> Decision {
             }
         }
     };
-    let named = match (&r.verdict, pod) {
+    let named = match (&r.verdict(), pod) {
         (Some(Verdict::MissingRequests), Some(pod)) => validate::missing_requests(policy, &pod)
             .into_iter()
             .map(|m| m.container)
@@ -691,7 +692,7 @@ const OPT_OUT_VALUES: &[&str] = &[
 ];
 
 fn gen_policy(rng: &mut Rng) -> Policy {
-    let mut p = Policy::default();
+    let mut p = Policy::builtin();
     let v = &mut p.validation;
     v.enabled = !rng.chance(8);
     v.mode = *rng.pick(&[Mode::Enforce, Mode::Enforce, Mode::Warn, Mode::Audit]);
@@ -713,6 +714,21 @@ fn gen_policy(rng: &mut Rng) -> Policy {
         required = vec!["cpu".into(), "memory".into()];
     }
     v.required_requests = required;
+    // A policy is refused at load when its validation would refuse the sidecar its mutation
+    // adds (tollgate never makes a pod it would refuse): this one requests every resource
+    // a generated policy or profile may require. Validation of pods alone is compared here.
+    let sidecar = p
+        .mutation
+        .metrics_sidecar
+        .container
+        .resources
+        .get_or_insert_with(Default::default);
+    let requests = sidecar.requests.get_or_insert_with(Default::default);
+    for r in RESOURCES {
+        requests
+            .entry((*r).to_owned())
+            .or_insert_with(|| Quantity("1".into()));
+    }
     let o = &mut p.opt_out;
     o.annotation = (*rng.pick(ANNOTATIONS)).to_owned();
     let globs = |rng: &mut Rng, from: &[&str], percent| -> Vec<Glob> {

@@ -371,15 +371,15 @@ fn build_context() -> Objects {
 }
 
 fn policies() -> Vec<(&'static str, Policy)> {
-    let mut per_gpu = Policy::default();
+    let mut per_gpu = Policy::builtin();
     let d = &mut per_gpu.mutation.default_resources.per_gpu;
     d.insert("cpu".into(), Quantity("8".into()));
     d.insert("memory".into(), Quantity("64Gi".into()));
-    let mut classic = Policy::default();
+    let mut classic = Policy::builtin();
     classic.mutation.metrics_sidecar.mode = SidecarMode::Classic;
     classic.gpu.all_extended_resources = true;
     vec![
-        ("default", Policy::default()),
+        ("default", Policy::builtin()),
         ("per-gpu", per_gpu),
         ("classic", classic),
     ]
@@ -560,7 +560,7 @@ fn generated_reviews_patch_cleanly() {
         let policy = if profiled {
             with_profiles()
         } else {
-            Policy::default()
+            Policy::builtin()
         };
         let mut rng = Rng::new(seed ^ 0xDEAD_BEEF);
         let object = gen_pod(&mut rng);
@@ -659,7 +659,7 @@ fn apiserver_fixtures_are_idempotent_under_every_policy() {
 /// A policy with random toggles: steps on or off, per-GPU defaults, classic or native
 /// sidecar, every extended resource a GPU or not, and random required requests.
 fn gen_policy(rng: &mut Rng) -> Policy {
-    let mut p = Policy::default();
+    let mut p = Policy::builtin();
     let m = &mut p.mutation;
     m.gpu_tolerations.enabled = rng.chance(80);
     m.driver_mounts.enabled = rng.chance(80);

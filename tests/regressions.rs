@@ -44,7 +44,7 @@ fn sidecar_into_a_pod_without_a_containers_list() {
         .as_object_mut()
         .unwrap()
         .remove("containers");
-    let mut policy = Policy::default();
+    let mut policy = Policy::builtin();
     policy.mutation.metrics_sidecar.mode = SidecarMode::Classic;
     let object = assert_patch_applies(&policy, &review);
     assert_eq!(object["spec"]["containers"][0]["name"], "tollgate-metrics");
@@ -66,7 +66,7 @@ fn sidecar_into_a_pod_without_a_containers_list() {
                 spec.insert("initContainers".into(), v.clone());
             }
         }
-        let object = assert_patch_applies(&Policy::default(), &review);
+        let object = assert_patch_applies(&Policy::builtin(), &review);
         assert_eq!(
             object["spec"]["initContainers"][0]["name"],
             "tollgate-metrics"
@@ -129,7 +129,7 @@ fn patches_apply_with_any_field_absent_or_null() {
             _ => {}
         }
     }
-    let mut policy = Policy::default();
+    let mut policy = Policy::builtin();
     policy.gpu.all_extended_resources = true;
     let mut classic = policy.clone();
     classic.mutation.metrics_sidecar.mode = SidecarMode::Classic;

@@ -25,15 +25,15 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let groups = vec!["system:masters".to_owned()];
-    let who = Requester {
-        namespace: "ml",
-        username: "alice",
-        groups: if u.arbitrary().unwrap_or(false) {
+    let who = Requester::new(
+        "ml",
+        "alice",
+        if u.arbitrary().unwrap_or(false) {
             &groups
         } else {
             &[]
         },
-    };
+    );
     for op in [Operation::Create, Operation::Update] {
         let _ = tollgate_core::validate::validate(&policy, &before, op, &who);
     }

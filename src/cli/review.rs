@@ -459,7 +459,7 @@ impl CliResult {
         };
         if let Some(r) = &judged.mutate {
             result.patch = r.patch();
-            result.steps = r.steps.iter().map(|s| s.as_str()).collect();
+            result.steps = r.steps().iter().map(|s| s.as_str()).collect();
             result.mutate_response = Some(response_value(r));
         }
         if let Some(r) = &judged.validate {
@@ -469,8 +469,8 @@ impl CliResult {
             result.namespace = r.namespace.clone();
             result.name = r.name.clone();
             result.profile.clone_from(&r.profile);
-            result.workload.clone_from(&r.kind);
-            result.templates.clone_from(&r.templates);
+            result.workload = r.kind().map(str::to_owned);
+            result.templates = r.templates().to_vec();
         }
         result
     }

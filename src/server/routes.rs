@@ -279,15 +279,15 @@ async fn read_body(limits: &Limits, req: Request) -> Result<Bytes, Response> {
 
 fn log_review(r: &Reviewed, elapsed: Duration, policy_hash: &str) {
     let steps = r
-        .steps
+        .steps()
         .iter()
         .map(|s| s.as_str())
         .collect::<Vec<_>>()
         .join(",");
     // A workload's line names its kind and what became of each template; a pod's has
     // neither field.
-    let templates = r.kind.as_ref().map(|_| {
-        r.templates
+    let templates = r.kind().map(|_| {
+        r.templates()
             .iter()
             .map(|t| format!("{}={}", t.template, t.decision))
             .collect::<Vec<_>>()
@@ -296,29 +296,29 @@ fn log_review(r: &Reviewed, elapsed: Duration, policy_hash: &str) {
     info!(
         uid = %r.uid,
         endpoint = %r.endpoint.as_str(),
-        kind = r.kind.as_deref(),
+        kind = r.kind(),
         namespace = %r.namespace,
         name = %r.name,
         templates = templates.as_deref(),
         operation = %r.operation,
         dry_run = r.dry_run,
-        decision = %r.result.as_str(),
-        verdict = r.verdict.map(|v| tracing::field::display(v.as_str())),
+        decision = %r.outcome.as_str(),
+        verdict = r.verdict().map(|v| tracing::field::display(v.as_str())),
         steps = %steps,
         profile = %r.profile.as_deref().unwrap_or(BASE_PROFILE),
         duration_us = elapsed.as_micros() as u64,
         policy = %policy_hash,
         "review"
     );
-    match &r.opt_out {
+    match r.opt_out() {
         Some(OptOut::Honoured) => info!(
             uid = %r.uid, endpoint = %r.endpoint.as_str(), user = %r.username,
-            kind = r.kind.as_deref(), namespace = %r.namespace, name = %r.name,
+            kind = r.kind(), namespace = %r.namespace, name = %r.name,
             "opt-out honoured"
         ),
         Some(OptOut::Refused(why)) => info!(
             uid = %r.uid, endpoint = %r.endpoint.as_str(), user = %r.username,
-            kind = r.kind.as_deref(), namespace = %r.namespace, name = %r.name,
+            kind = r.kind(), namespace = %r.namespace, name = %r.name,
             reason = %why, "opt-out refused"
         ),
         _ => {}

@@ -14,18 +14,18 @@
 //! a controller made, and the pods a workload's templates will make, are reviewed as the
 //! controller's requests ([`controller_user`]): tollgate's approval in them decides.
 
-use std::collections::{BTreeMap, BTreeSet};
-
-use serde_json::{json, Map, Value};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{json, Value};
 
 use crate::cluster::Cluster;
+pub use crate::mutate::Added;
 use crate::mutate::Step;
-use crate::optout::OptOut;
-use crate::pipeline::{self, Judged, PipelineError, Stage};
-use crate::policy::{Mode, Policy, WorkloadKind};
-use crate::requester::Requester;
+use crate::optout::{self, OptOut};
+use crate::pipeline::{self, PipelineError};
+use crate::policy::{Mode, Operation, Policy, WorkloadKind};
+use crate::requester::{Requester, AUTHENTICATED};
 use crate::validate::Missing;
-use crate::{glob, optout, workload};
+use crate::{judge, profile, workload};
 
 /// The requester of an audited object's review: nobody in particular. Empty, so that no
 /// user glob but `*` names it; its one group is `system:authenticated`, which every real
@@ -206,119 +206,6 @@ impl OptOutState {
     }
 }
 
-/// One thing a mutation step would add to an object.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Added {
-    Toleration(Value),
-    Volume(String),
-    VolumeMount {
-        container: String,
-        name: String,
-        mount_path: String,
-    },
-    Env {
-        container: String,
-        name: String,
-    },
-    /// A container the object did not have; `native`: as an init container with
-    /// `restartPolicy: Always`.
-    Container {
-        name: String,
-        native: bool,
-    },
-    Limit {
-        container: String,
-        resource: String,
-        value: String,
-    },
-    Request {
-        container: String,
-        resource: String,
-        value: String,
-    },
-}
-
-impl Added {
-    pub fn to_json(&self) -> Value {
-        match self {
-            Added::Toleration(v) => json!({"kind": "toleration", "value": v}),
-            Added::Volume(n) => json!({"kind": "volume", "name": n}),
-            Added::VolumeMount {
-                container,
-                name,
-                mount_path,
-            } => {
-                json!({"kind": "volumeMount", "container": container, "name": name, "mountPath": mount_path})
-            }
-            Added::Env { container, name } => {
-                json!({"kind": "env", "container": container, "name": name})
-            }
-            Added::Container { name, native } => json!({
-                "kind": "container",
-                "name": name,
-                "as": if *native { "nativeSidecar" } else { "container" },
-            }),
-            Added::Limit {
-                container,
-                resource,
-                value,
-            } => {
-                json!({"kind": "limit", "container": container, "resource": resource, "value": value})
-            }
-            Added::Request {
-                container,
-                resource,
-                value,
-            } => {
-                json!({"kind": "request", "container": container, "resource": resource, "value": value})
-            }
-        }
-    }
-
-    fn describe(&self) -> String {
-        match self {
-            Added::Toleration(v) => {
-                let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("");
-                let mut t = format!("toleration {}", s("key"));
-                if !s("value").is_empty() {
-                    t.push_str(&format!("={}", s("value")));
-                }
-                let effect = if s("effect").is_empty() {
-                    "any effect"
-                } else {
-                    s("effect")
-                };
-                t.push_str(&format!(" ({}, {effect})", s("operator")));
-                t
-            }
-            Added::Volume(n) => format!("volume {n:?}"),
-            Added::VolumeMount {
-                container,
-                name,
-                mount_path,
-            } => format!("mount of {name:?} at {mount_path} in container {container:?}"),
-            Added::Env { container, name } => format!("env {name} in container {container:?}"),
-            Added::Container { name, native } => {
-                if *native {
-                    format!("sidecar {name:?} (native sidecar)")
-                } else {
-                    format!("container {name:?}")
-                }
-            }
-            Added::Limit {
-                container,
-                resource,
-                value,
-            } => format!("limit {resource}: {value} on container {container:?}"),
-            Added::Request {
-                container,
-                resource,
-                value,
-            } => format!("request {resource}: {value} on container {container:?}"),
-        }
-    }
-}
-
 /// One finding: an object, a rule, a result and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finding {
@@ -399,19 +286,10 @@ pub fn mode_str(mode: Mode) -> &'static str {
 }
 
 /// The review an audit runs for `object` (as [`as_created`] left it): a CREATE in its
-/// namespace by [`UNKNOWN_USER`].
+/// namespace by [`UNKNOWN_USER`], as `tollgate review` would send it.
 pub fn review_of(object: Value) -> Value {
-    review_by(object, UNKNOWN_USER)
-}
-
-/// [`review_of`], requested by `user`.
-fn review_by(object: Value, user: &str) -> Value {
-    let mut review = pipeline::synthetic_review(&Value::Null, None, user, &[]);
-    let namespace = object
-        .pointer("/metadata/namespace")
-        .and_then(Value::as_str)
-        .unwrap_or("default")
-        .to_owned();
+    let mut review = pipeline::synthetic_review(&Value::Null, None, UNKNOWN_USER, &[]);
+    let namespace = namespace_of(&object).to_owned();
     let name = object
         .pointer("/metadata/name")
         .and_then(Value::as_str)
@@ -425,8 +303,17 @@ fn review_by(object: Value, user: &str) -> Value {
     review
 }
 
-/// Judges an object read from the cluster: as created, reviewed by the unknown requester
-/// through the whole pipeline, its findings drawn.
+/// The namespace an object is judged in (a CREATE without one lands in `default`).
+fn namespace_of(object: &Value) -> &str {
+    object
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default")
+}
+
+/// Judges an object read from the cluster: as created, by the one judgement the webhooks
+/// use (a pod's, or each pod a workload's templates will make), its findings drawn from
+/// what that judgement found.
 pub fn judge(
     policy: &Policy,
     cluster: &dyn Cluster,
@@ -436,10 +323,76 @@ pub fn judge(
     as_created(&mut object);
     let (group, version) = pipeline::group_version(&who.api_version);
     if let Some(kind) = policy.workloads.kind(group, version, &who.kind) {
-        return judge_workload(policy, cluster, who.clone(), &object, kind);
+        return Ok(judge_workload(policy, cluster, who, &object, kind));
     }
-    let by_controller = controlled(&object);
-    judge_as_created(policy, cluster, who, object, by_controller)
+    let mut out = Audited {
+        object: who,
+        profile: None,
+        mode: policy.validation.mode,
+        opt_out: OptOutState::None,
+        findings: vec![],
+        warnings: vec![],
+    };
+    if out.object.kind != "Pod" || out.object.api_version != "v1" {
+        // Neither a pod nor a workload the policy lists: nothing tollgate judges.
+        return Ok(out);
+    }
+    let namespace = namespace_of(&object).to_owned();
+    let user = controlled(&object)
+        .then(|| controller_user(policy))
+        .flatten();
+    let authenticated = [AUTHENTICATED.to_owned()];
+    let requester = match &user {
+        Some(u) => Requester::new(&namespace, u, &authenticated),
+        None => Requester::unknown(&namespace),
+    };
+    let mut pod: Pod = match serde_json::from_value(object) {
+        Ok(p) => p,
+        Err(e) => {
+            out.findings.push(Finding {
+                rule: Rule::Review,
+                status: Status::Error,
+                message: format!("tollgate could not read this pod: {e}"),
+                missing: vec![],
+                adds: vec![],
+            });
+            return Ok(out);
+        }
+    };
+    let selected = profile::select(
+        policy,
+        &namespace,
+        profile::PodLabels::Parsed(pod.metadata.labels.as_ref()),
+        cluster,
+    );
+    let approved_for =
+        optout::approval(selected.policy, pod.metadata.annotations.as_ref()).map(str::to_owned);
+    let subject = judge::Subject {
+        policy: selected.policy,
+        profile: selected.profile,
+        who: requester,
+        operation: Operation::Create,
+        opt_out: None,
+    };
+    // Decided here only when neither webhook would (nothing mutated, nothing validated):
+    // the opt-out is still reported.
+    let opt_out = optout::decide(selected.policy, &pod, &requester);
+    let j = judge::pod(&subject, cluster, &mut pod, judge::Stages::Both, false);
+    out.warnings.extend(selected.warning);
+    out.profile.clone_from(&j.profile);
+    out.mode = selected.policy.validation.mode;
+    let drawn = Drawn::of(
+        selected.policy,
+        &j,
+        j.opt_out.as_ref().unwrap_or(&opt_out),
+        approved_for.as_deref().filter(|_| user.is_some()),
+    );
+    out.opt_out = drawn.opt_out;
+    out.findings = drawn.findings;
+    out.warnings.extend(drawn.warnings);
+    out.findings
+        .sort_by_key(|f| Rule::ALL.iter().position(|r| *r == f.rule));
+    Ok(out)
 }
 
 /// Whether an object was made by a controller (an ownerReference with `controller: true`):
@@ -463,35 +416,18 @@ pub fn controller_user(policy: &Policy) -> Option<String> {
     Some(first.as_str().replace(['*', '?'], "x"))
 }
 
-fn judge_as_created(
-    policy: &Policy,
-    cluster: &dyn Cluster,
-    who: ObjectRef,
-    object: Value,
-    by_controller: bool,
-) -> Result<Audited, PipelineError> {
-    let user = by_controller
-        .then(|| controller_user(policy))
-        .flatten()
-        .unwrap_or_else(|| UNKNOWN_USER.to_owned());
-    let review = review_by(object, &user);
-    let judged = pipeline::run(policy, cluster, &review, Stage::All)?;
-    Ok(findings(policy, who, &review, &judged))
-}
-
-/// A workload judged by the pods its templates will make: each as its controller would
-/// create it (`workload::pod_of`), judged as a controller's pod is (its opt-out by the
-/// approval the template carries), its findings led by the template's name
-/// (`replica Worker: ...`). The workload's profile, mode and opt-out are its first
-/// template's that has one.
+/// A workload judged by the pods its templates will make: by the validating webhook's own
+/// judgement of it ([`workload::validate`]), as its controller's request (so that
+/// tollgate's approval in a template decides its pods' opt-out), each finding led by its
+/// template's name (`replica Worker: ...`). The workload's profile, mode and opt-out are
+/// its first judged template's that has one.
 fn judge_workload(
     policy: &Policy,
     cluster: &dyn Cluster,
     who: ObjectRef,
     object: &Value,
     kind: &WorkloadKind,
-) -> Result<Audited, PipelineError> {
-    let name = workload::workload_name(object);
+) -> Audited {
     let mut out = Audited {
         object: who,
         profile: None,
@@ -500,42 +436,73 @@ fn judge_workload(
         findings: vec![],
         warnings: vec![],
     };
+    let namespace = namespace_of(object).to_owned();
+    let user = controller_user(policy);
+    let authenticated = [AUTHENTICATED.to_owned()];
+    let requester = match &user {
+        Some(u) => Requester::new(&namespace, u, &authenticated),
+        None => Requester::unknown(&namespace),
+    };
+    let w = workload::Workload {
+        kind,
+        object,
+        old: None,
+        operation: Operation::Create,
+        who: requester,
+    };
+    let v = workload::validate(policy, cluster, &w);
+    out.warnings = v.warnings;
     let mut first = true;
-    for t in workload::templates(kind, object) {
-        let pod = workload::pod_of(kind, &t, name, &out.object.namespace)
-            .and_then(|p| serde_json::to_value(p).map_err(|e| e.to_string()));
-        let pod = match pod {
-            Ok(p) => p,
-            Err(e) => {
-                out.findings.push(Finding {
-                    rule: Rule::Review,
-                    status: Status::Error,
-                    message: t.lead(&format!("the template is not a pod spec: {e}")),
-                    missing: vec![],
-                    adds: vec![],
-                });
-                continue;
-            }
+    for t in v.judged {
+        let lead = |m: &str| match &t.label {
+            Some(l) => format!("{l}: {m}"),
+            None => m.to_owned(),
         };
-        let a = judge_as_created(policy, cluster, ObjectRef::default(), pod, true)?;
+        if let Some(e) = &t.unreadable {
+            out.findings.push(Finding {
+                rule: Rule::Review,
+                status: Status::Error,
+                message: lead(&format!("the template is not a pod spec: {e}")),
+                missing: vec![],
+                adds: vec![],
+            });
+            continue;
+        }
+        let Some(opt_out) = &t.opt_out else {
+            continue;
+        };
+        let p = effective(policy, t.profile.as_deref());
         if first {
-            out.profile = a.profile;
-            out.mode = a.mode;
+            out.profile.clone_from(&t.profile);
+            out.mode = p.validation.mode;
             first = false;
         }
+        let drawn = match &t.judgement {
+            Some(j) => Drawn::of(
+                p,
+                j,
+                opt_out,
+                t.approved_for.as_deref().filter(|_| user.is_some()),
+            ),
+            // Opted out: neither mutated nor checked.
+            None => Drawn::opted_out(
+                p,
+                opt_out,
+                t.approved_for.as_deref().filter(|_| user.is_some()),
+            ),
+        };
         if out.opt_out == OptOutState::None {
-            out.opt_out = a.opt_out;
+            out.opt_out = drawn.opt_out;
         }
-        out.findings.extend(a.findings.into_iter().map(|mut f| {
-            f.message = t.lead(&f.message);
+        out.findings.extend(drawn.findings.into_iter().map(|mut f| {
+            f.message = lead(&f.message);
             f
         }));
-        out.warnings.extend(a.warnings);
     }
     // By rule, then in template order (a stable sort).
     out.findings
         .sort_by_key(|f| Rule::ALL.iter().position(|r| *r == f.rule));
-    Ok(out)
+    out
 }
 
 /// The policy a profile stands for (the base policy for None or a name it lacks).
@@ -546,197 +513,127 @@ fn effective<'p>(policy: &'p Policy, profile: Option<&str>) -> &'p Policy {
         .unwrap_or(policy)
 }
 
-/// Whether an opt-out is honoured for an object reviewed as `requester`'s.
-///
-/// Made by a controller (`requester` one of `optOut.controllers`): honoured with the
-/// approval tollgate stamped on its template, refused without, as at the pod.
-/// Otherwise its creator is unknown: honoured if the policy honours it here for any
-/// requester, refused if for none, unverified otherwise.
-pub fn opt_out_state(
-    policy: &Policy,
-    object: &Value,
-    namespace: &str,
-    requester: &str,
-) -> OptOutState {
-    let rule = &policy.opt_out;
-    let asked = object
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get(&rule.annotation))
-        .and_then(Value::as_str)
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-    if !asked {
-        return OptOutState::None;
-    }
-    if optout::is_controller(policy, requester) {
-        // A controller's pod: honoured only with the approval its template gave it, as
-        // the webhooks decide it at the pod.
-        let annotations = workload::string_map(object.pointer("/metadata/annotations"));
-        let authenticated = ["system:authenticated".to_owned()];
-        let controller = Requester {
-            namespace,
-            username: requester,
-            groups: &authenticated,
-        };
-        return match optout::decide_for(policy, Some(&annotations), &controller) {
-            OptOut::Honoured => OptOutState::Honoured,
-            OptOut::Refused(why) => OptOutState::Refused(why),
-            OptOut::NotRequested => OptOutState::None,
-        };
-    }
-    let authenticated = ["system:authenticated".to_owned()];
-    let unknown = Requester {
-        namespace,
-        username: UNKNOWN_USER,
-        groups: &authenticated,
-    };
-    match optout::permitted(policy, &unknown) {
-        Ok(()) => OptOutState::Honoured,
-        Err(why) if !glob::any(&rule.namespaces, namespace) => OptOutState::Refused(why),
-        Err(_) => {
-            let mut who: Vec<String> = rule
-                .users
-                .iter()
-                .map(|u| format!("user {}", u.as_str()))
-                .collect();
-            who.extend(rule.groups.iter().map(|g| format!("group {}", g.as_str())));
-            OptOutState::Unverified(format!(
-                "{} is honoured here only when {} creates the pod, and who created this one is not known",
-                rule.annotation,
-                join_or(&who)
-            ))
-        }
-    }
+/// What one pod's judgement says, as the audit words it.
+struct Drawn {
+    opt_out: OptOutState,
+    findings: Vec<Finding>,
+    warnings: Vec<String>,
 }
 
-fn join_or(items: &[String]) -> String {
-    match items {
-        [] => String::new(),
-        [one] => one.clone(),
-        [init @ .., last] => format!("{} or {last}", init.join(", ")),
-    }
-}
-
-/// Turns what the webhooks said of `review` into findings. Pure: the object, its review and
-/// the pipeline's judgement in, data out.
-pub fn findings(policy: &Policy, object: ObjectRef, review: &Value, judged: &Judged) -> Audited {
-    let profile = judged.last().and_then(|r| r.profile.clone());
-    let policy = effective(policy, profile.as_deref());
-    let sent = review.pointer("/request/object").unwrap_or(&Value::Null);
-    let namespace = review
-        .pointer("/request/namespace")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let requester = review
-        .pointer("/request/userInfo/username")
-        .and_then(Value::as_str)
-        .unwrap_or(UNKNOWN_USER);
-    let opt_out = opt_out_state(policy, sent, namespace, requester);
-    let mut out = Audited {
-        object,
-        profile,
-        mode: policy.validation.mode,
-        opt_out,
-        findings: vec![],
-        warnings: judged.warnings().cloned().collect(),
-    };
-    let unverified = matches!(out.opt_out, OptOutState::Unverified(_));
-    if let Some(m) = &judged.mutate {
-        if !m.response.allowed {
-            out.findings.push(Finding {
-                rule: Rule::Review,
-                status: Status::Error,
-                message: m.response.result.message.clone(),
-                missing: vec![],
-                adds: vec![],
-            });
+impl Drawn {
+    /// The findings of a judged pod: refused and why, what each mutation step added, what
+    /// became of its opt-out. `approved_for`: whom tollgate's approval names, for a
+    /// controller's pod.
+    fn of(
+        policy: &Policy,
+        j: &judge::Judgement,
+        opt_out: &OptOut,
+        approved_for: Option<&str>,
+    ) -> Drawn {
+        let mut out = Drawn::opted_out(policy, opt_out, approved_for);
+        let unverified = matches!(out.opt_out, OptOutState::Unverified(_));
+        if let Some(m) = &j.mutation {
+            out.warnings.extend(m.warnings.iter().cloned());
         }
-    }
-    if let Some(v) = &judged.validate {
-        if !v.missing.is_empty() {
-            let lacking: Vec<String> = v
-                .missing
-                .iter()
-                .map(|m| {
-                    format!(
-                        "{} {:?} has no request for {}",
-                        m.noun,
-                        m.container,
-                        join_and(&m.resources)
-                    )
-                })
-                .collect();
-            let when = match out.mode {
-                Mode::Enforce => "would be refused",
-                Mode::Warn | Mode::Audit => "would be refused once enforced",
-            };
-            let mut message = format!("{when}: {}", lacking.join("; "));
-            if unverified {
-                message.push_str(" (unless whoever creates it may opt out)");
+        if let Some(v) = &j.validation {
+            out.warnings.extend(v.warnings.iter().cloned());
+            if !v.missing.is_empty() {
+                let lacking: Vec<String> = v
+                    .missing
+                    .iter()
+                    .map(|m| {
+                        format!(
+                            "{} {:?} has no request for {}",
+                            m.noun,
+                            m.container,
+                            join_and(&m.resources)
+                        )
+                    })
+                    .collect();
+                let when = match policy.validation.mode {
+                    Mode::Enforce => "would be refused",
+                    Mode::Warn | Mode::Audit => "would be refused once enforced",
+                };
+                let mut message = format!("{when}: {}", lacking.join("; "));
+                if unverified {
+                    message.push_str(" (unless whoever creates it may opt out)");
+                }
+                out.findings.push(Finding {
+                    rule: Rule::Requests,
+                    status: Status::Fail,
+                    message,
+                    missing: v.missing.clone(),
+                    adds: vec![],
+                });
             }
-            out.findings.push(Finding {
-                rule: Rule::Requests,
-                status: Status::Fail,
-                message,
-                missing: v.missing.clone(),
-                adds: vec![],
-            });
+        }
+        if let Some(m) = &j.mutation {
+            for step in &m.outcome.applied {
+                let adds = in_order(*step, m.outcome.added_by(*step).cloned().collect());
+                let message = if adds.is_empty() {
+                    format!("would be changed by {}", step.as_str())
+                } else {
+                    let items: Vec<String> = adds.iter().map(Added::describe).collect();
+                    format!("would get {}", items.join(", "))
+                };
+                out.findings.push(Finding {
+                    rule: Rule::Step(*step),
+                    status: Status::Warn,
+                    message,
+                    missing: vec![],
+                    adds,
+                });
+            }
+        }
+        out
+    }
+
+    /// The opt-out's state and finding alone: all there is of a pod that opted out.
+    fn opted_out(policy: &Policy, opt_out: &OptOut, approved_for: Option<&str>) -> Drawn {
+        let annotation = &policy.opt_out.annotation;
+        let (state, finding) = match opt_out {
+            OptOut::NotRequested => (OptOutState::None, None),
+            OptOut::Honoured => (
+                OptOutState::Honoured,
+                Some((
+                    Status::Skip,
+                    match approved_for {
+                        Some(by) => format!(
+                            "opted out with {annotation}, approved at the workload for user {by:?}: neither mutated nor checked"
+                        ),
+                        None => format!(
+                            "opted out with {annotation}, honoured here for anyone: neither mutated nor checked"
+                        ),
+                    },
+                )),
+            ),
+            OptOut::Refused(why) => (
+                OptOutState::Refused(why.clone()),
+                Some((Status::Warn, format!("{why}; handled as usual"))),
+            ),
+            OptOut::Unverified(why) => (
+                OptOutState::Unverified(why.clone()),
+                Some((
+                    Status::Warn,
+                    format!("opt-out unverified: {why}; judged as not honoured"),
+                )),
+            ),
+        };
+        Drawn {
+            opt_out: state,
+            findings: finding
+                .map(|(status, message)| Finding {
+                    rule: Rule::OptOut,
+                    status,
+                    message,
+                    missing: vec![],
+                    adds: vec![],
+                })
+                .into_iter()
+                .collect(),
+            warnings: vec![],
         }
     }
-    if let (Some(m), Some(after)) = (&judged.mutate, &judged.mutated) {
-        for step in &m.steps {
-            let adds = added(*step, sent, after);
-            let message = if adds.is_empty() {
-                format!("would be changed by {}", step.as_str())
-            } else {
-                let items: Vec<String> = adds.iter().map(Added::describe).collect();
-                format!("would get {}", items.join(", "))
-            };
-            out.findings.push(Finding {
-                rule: Rule::Step(*step),
-                status: Status::Warn,
-                message,
-                missing: vec![],
-                adds,
-            });
-        }
-    }
-    let annotation = &policy.opt_out.annotation;
-    let opt_out = match &out.opt_out {
-        OptOutState::None => None,
-        OptOutState::Honoured => Some((
-            Status::Skip,
-            match sent
-                .pointer("/metadata/annotations")
-                .and_then(|a| a.get(&policy.opt_out.approval_annotation))
-                .and_then(Value::as_str)
-                .filter(|_| optout::is_controller(policy, requester))
-            {
-                Some(by) => format!(
-                    "opted out with {annotation}, approved at the workload for user {by:?}: neither mutated nor checked"
-                ),
-                None => format!(
-                    "opted out with {annotation}, honoured here for anyone: neither mutated nor checked"
-                ),
-            },
-        )),
-        OptOutState::Refused(why) => Some((Status::Warn, format!("{why}; handled as usual"))),
-        OptOutState::Unverified(why) => Some((
-            Status::Warn,
-            format!("opt-out unverified: {why}; judged as not honoured"),
-        )),
-    };
-    if let Some((status, message)) = opt_out {
-        out.findings.push(Finding {
-            rule: Rule::OptOut,
-            status,
-            message,
-            missing: vec![],
-            adds: vec![],
-        });
-    }
-    out.findings
-        .sort_by_key(|f| Rule::ALL.iter().position(|r| *r == f.rule));
-    out
 }
 
 fn join_and(items: &[String]) -> String {
@@ -747,151 +644,39 @@ fn join_and(items: &[String]) -> String {
     }
 }
 
-/// What `step` added to `before` to make `after`, read from the two objects by name (not
-/// from the patch, whose shape depends on where in a list things went).
-fn added(step: Step, before: &Value, after: &Value) -> Vec<Added> {
-    let mut out = vec![];
-    let old = containers(before);
-    let new = containers(after);
-    match step {
-        Step::Tolerations => {
-            let had = list(before, "/spec/tolerations");
-            for t in list(after, "/spec/tolerations") {
-                if !had.contains(t) {
-                    out.push(Added::Toleration(t.clone()));
-                }
-            }
-        }
-        Step::MetricsSidecar => {
-            for (name, (init, c)) in &new {
-                if !old.contains_key(name) {
-                    let native =
-                        *init && c.get("restartPolicy").and_then(Value::as_str) == Some("Always");
-                    out.push(Added::Container {
-                        name: name.clone(),
-                        native,
-                    });
-                }
-            }
-        }
-        Step::DriverMounts => {
-            let had: BTreeSet<&str> = list(before, "/spec/volumes")
-                .iter()
-                .filter_map(|v| v.get("name").and_then(Value::as_str))
-                .collect();
-            for v in list(after, "/spec/volumes") {
-                if let Some(n) = v.get("name").and_then(Value::as_str) {
-                    if !had.contains(n) {
-                        out.push(Added::Volume(n.to_owned()));
-                    }
-                }
-            }
-            for (name, (_, c)) in &new {
-                let Some((_, was)) = old.get(name) else {
-                    continue;
-                };
-                let mounts = |c: &Value| -> BTreeSet<(String, String)> {
-                    list(c, "/volumeMounts")
-                        .iter()
-                        .map(|m| (field(m, "name"), field(m, "mountPath")))
-                        .collect()
-                };
-                let had = mounts(was);
-                for (n, p) in mounts(c) {
-                    if !had.contains(&(n.clone(), p.clone())) {
-                        out.push(Added::VolumeMount {
-                            container: name.clone(),
-                            name: n,
-                            mount_path: p,
-                        });
-                    }
-                }
-                let envs = |c: &Value| -> BTreeSet<String> {
-                    list(c, "/env").iter().map(|e| field(e, "name")).collect()
-                };
-                let had = envs(was);
-                for n in envs(c) {
-                    if !had.contains(&n) {
-                        out.push(Added::Env {
-                            container: name.clone(),
-                            name: n,
-                        });
-                    }
-                }
-            }
-        }
-        Step::DefaultResources => {
-            for (name, (_, c)) in &new {
-                let Some((_, was)) = old.get(name) else {
-                    continue;
-                };
-                for (key, limit) in [("limits", true), ("requests", false)] {
-                    let path = format!("/resources/{key}");
-                    let had = quantities(was, &path);
-                    for (resource, value) in quantities(c, &path) {
-                        if had.get(&resource) != Some(&value) {
-                            let (container, resource) = (name.clone(), resource);
-                            out.push(if limit {
-                                Added::Limit {
-                                    container,
-                                    resource,
-                                    value,
-                                }
-                            } else {
-                                Added::Request {
-                                    container,
-                                    resource,
-                                    value,
-                                }
-                            });
-                        }
-                    }
-                }
-            }
-        }
+/// What a step added, in the order findings list it: volumes first (as added), then by
+/// container name, each container's mounts by name and path, its variables by name, its
+/// limits by resource.
+fn in_order(step: Step, mut adds: Vec<Added>) -> Vec<Added> {
+    if matches!(step, Step::DriverMounts | Step::DefaultResources) {
+        adds.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
     }
-    out
+    adds
 }
 
-fn list<'a>(v: &'a Value, pointer: &str) -> &'a [Value] {
-    v.pointer(pointer)
-        .and_then(Value::as_array)
-        .map_or(&[], Vec::as_slice)
-}
-
-fn field(v: &Value, key: &str) -> String {
-    v.get(key).and_then(Value::as_str).unwrap_or("").to_owned()
-}
-
-/// Containers and init containers by name: whether each is an init container, and it.
-fn containers(pod: &Value) -> BTreeMap<String, (bool, &Value)> {
-    let mut out = BTreeMap::new();
-    for (path, init) in [("/spec/initContainers", true), ("/spec/containers", false)] {
-        for c in list(pod, path) {
-            out.insert(field(c, "name"), (init, c));
-        }
+fn order_key(a: &Added) -> (u8, &str, u8, &str, &str) {
+    match a {
+        Added::Volume(_) => (0, "", 0, "", ""),
+        Added::VolumeMount {
+            container,
+            name,
+            mount_path,
+        } => (1, container, 0, name, mount_path),
+        Added::Env { container, name } => (1, container, 1, name, ""),
+        Added::Limit {
+            container,
+            resource,
+            ..
+        } => (1, container, 2, resource, ""),
+        Added::Toleration(_) | Added::Container { .. } => (2, "", 0, "", ""),
     }
-    out
-}
-
-fn quantities(c: &Value, pointer: &str) -> BTreeMap<String, String> {
-    c.pointer(pointer)
-        .and_then(Value::as_object)
-        .map(|m: &Map<String, Value>| {
-            m.iter()
-                .map(|(k, v)| {
-                    let text = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
-                    (k.clone(), text)
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cluster::Objects;
+    use crate::pipeline::Stage;
 
     fn pod(meta: Value, spec: Value) -> Value {
         let mut m = json!({"name": "p", "namespace": "ml", "uid": "u-1",

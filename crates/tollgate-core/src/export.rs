@@ -1206,7 +1206,7 @@ mod tests {
             (Mode::Warn, "Warn", vec!["opt-out", "missing-requests"]),
             (Mode::Audit, "Audit", vec!["opt-out", "missing-requests"]),
         ] {
-            let mut p = Policy::default();
+            let mut p = Policy::builtin();
             p.validation.mode = mode;
             let d = docs(&validating_admission_policy(&p, &options()).yaml);
             assert_eq!(
@@ -1225,7 +1225,7 @@ mod tests {
 
     #[test]
     fn update_in_the_operations_is_what_strict_refuses() {
-        let mut p = Policy::default();
+        let mut p = Policy::builtin();
         p.validation.operations = vec![Operation::Create, Operation::Update];
         let e = validating_admission_policy(&p, &options());
         let refused: Vec<&Note> = e.unexported().collect();
@@ -1247,7 +1247,7 @@ mod tests {
 
     #[test]
     fn a_scope_guard_limits_the_decision_and_the_annotation() {
-        let p = Policy::default();
+        let p = Policy::builtin();
         let scope = Scope {
             name: "x.validate.tollgate.dev".into(),
             validation: &p.validation,
@@ -1295,7 +1295,7 @@ mod tests {
             "void",
             "while",
         ];
-        let p = Policy::default();
+        let p = Policy::builtin();
         let scope = Scope {
             name: "x.validate.tollgate.dev".into(),
             validation: &p.validation,

@@ -509,7 +509,7 @@ mod tests {
 
     #[test]
     fn extended_resources_by_class_mig_and_implicit_dra_names() {
-        let p = Policy::default();
+        let p = Policy::builtin();
         for (resource, class) in [
             ("nvidia.com/gpu", Some("nvidia")),
             ("nvidia.com/mig-1g.10gb", Some("nvidia")),
@@ -537,7 +537,7 @@ mod tests {
 
     #[test]
     fn a_claim_counts_for_the_containers_that_list_it() {
-        let p = Policy::default();
+        let p = Policy::builtin();
         let g = Gpus::of(&p, &claim_pod(None), "ml", &context());
         assert_eq!(
             g.classes.iter().map(|c| c.name).collect::<Vec<_>>(),
@@ -556,7 +556,7 @@ mod tests {
 
     #[test]
     fn without_a_cluster_context_the_warning_says_so() {
-        let p = Policy::default();
+        let p = Policy::builtin();
         let g = Gpus::of(&p, &claim_pod(None), "ml", &Offline);
         assert!(!g.any());
         assert!(

@@ -47,7 +47,36 @@ pub enum OptOut {
     Honoured,
     /// The pod asked but the policy does not allow it; the text says why, for the user.
     Refused(String),
+    /// The pod asked, the policy allows it here only for some requesters, and who asks is
+    /// not known ([`Requester::unknown`]: an object already stored): judged as not
+    /// honoured. The text names who may.
+    Unverified(String),
 }
+
+impl OptOut {
+    /// The word the logs, metrics and the audit use.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            OptOut::NotRequested => "none",
+            OptOut::Honoured => "honoured",
+            OptOut::Refused(_) => "refused",
+            OptOut::Unverified(_) => "unverified",
+        }
+    }
+
+    /// Why it is not honoured, for a refused or unverified one.
+    pub fn why(&self) -> Option<&str> {
+        match self {
+            OptOut::Refused(w) | OptOut::Unverified(w) => Some(w),
+            OptOut::NotRequested | OptOut::Honoured => None,
+        }
+    }
+}
+
+/// Why an opt-out is not known to be honoured, for a requester nobody knows.
+pub const UNVERIFIED: Template = Template(
+    "{annotation} is honoured here only when {who} creates the pod, and who created this one is not known",
+);
 
 pub fn decide(policy: &Policy, pod: &Pod, who: &Requester<'_>) -> OptOut {
     decide_for(policy, pod.metadata.annotations.as_ref(), who)
@@ -80,7 +109,27 @@ pub fn decide_for(
     }
     match permitted(policy, who) {
         Ok(()) => OptOut::Honoured,
+        // Allowed here, but only for some: who asked decides, and nobody knows.
+        Err(_) if who.is_unknown() && in_namespace(policy, who).is_ok() => {
+            let mut may: Vec<String> = rule
+                .users
+                .iter()
+                .map(|u| format!("user {}", u.as_str()))
+                .collect();
+            may.extend(rule.groups.iter().map(|g| format!("group {}", g.as_str())));
+            OptOut::Unverified(
+                UNVERIFIED.fill(&[("annotation", &rule.annotation), ("who", &join_or(&may))]),
+            )
+        }
         Err(why) => OptOut::Refused(why),
+    }
+}
+
+fn join_or(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
     }
 }
 
@@ -176,16 +225,12 @@ mod tests {
     }
 
     fn who<'a>(ns: &'a str, user: &'a str, groups: &'a [String]) -> Requester<'a> {
-        Requester {
-            namespace: ns,
-            username: user,
-            groups,
-        }
+        Requester::new(ns, user, groups)
     }
 
     #[test]
     fn honoured_refused_and_not_requested() {
-        let mut policy = Policy::default();
+        let mut policy = Policy::builtin();
         policy.opt_out.namespaces = vec!["ml-*".into()];
         policy.opt_out.groups = vec!["platform".into()];
         policy.opt_out.users = vec!["system:serviceaccount:ml-*:runner".into()];

@@ -100,6 +100,96 @@ pub fn workload(body: &[u8]) -> Option<(AdmissionRequest<DynamicObject>, Value, 
     Some((req, object, old))
 }
 
+/// What one look at a review's `request.kind` says it is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peeked {
+    /// A core v1 Pod, or a body the look could not tell (the pod parse then says why).
+    Pod,
+    /// Any other kind: a workload, read by [`workload`].
+    Other,
+}
+
+/// Reads `request.kind` and stops there: what decides which one parse reads the body.
+/// The apiserver writes `kind` right after `uid`, so the look costs a few dozen bytes;
+/// in any other order the fields before it are passed over, not built.
+pub fn peek(body: &[u8]) -> Peeked {
+    use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, Visitor};
+    use std::borrow::Cow;
+    use std::fmt;
+
+    /// The group and kind of a GroupVersionKind, borrowed where the text allows.
+    #[derive(Deserialize)]
+    struct Gk<'a> {
+        #[serde(default, borrow)]
+        group: Cow<'a, str>,
+        #[serde(default, borrow)]
+        kind: Cow<'a, str>,
+    }
+
+    /// The review: its `request` member.
+    struct Review<'o>(&'o mut Option<bool>);
+    /// The request: its `kind` member.
+    struct Request<'o>(&'o mut Option<bool>);
+
+    impl<'de> DeserializeSeed<'de> for Review<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Review<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an AdmissionReview")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                if key == "request" {
+                    map.next_value_seed(Request(&mut *self.0))?;
+                    if self.0.is_some() {
+                        return Err(A::Error::custom("seen"));
+                    }
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(())
+        }
+    }
+    impl<'de> DeserializeSeed<'de> for Request<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Request<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an AdmissionRequest")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                if key == "kind" {
+                    let gk: Gk<'de> = map.next_value()?;
+                    *self.0 = Some(gk.group.is_empty() && gk.kind == "Pod");
+                    // Stop: what follows is not needed to choose the parse.
+                    return Err(A::Error::custom("seen"));
+                }
+                map.next_value::<IgnoredAny>()?;
+            }
+            Ok(())
+        }
+    }
+
+    let mut is_pod = None;
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let _ = Review(&mut is_pod).deserialize(&mut de);
+    match is_pod {
+        Some(false) => Peeked::Other,
+        _ => Peeked::Pod,
+    }
+}
+
 /// The one envelope tollgate answers: an `admission.k8s.io/v1` AdmissionReview.
 pub fn is_admission_review_v1(api_version: &str, kind: &str) -> bool {
     api_version == "admission.k8s.io/v1" && kind == "AdmissionReview"

@@ -1,14 +1,18 @@
-//! The two webhooks in the order a cluster runs them: mutate, the apiserver's defaulting,
-//! validate.
+//! `tollgate review` offline: an AdmissionReview as JSON through the webhooks of a stage,
+//! in a cluster's order (mutate, the apiserver's defaulting, validate), and the CREATE
+//! review the apiserver would send for an object.
 //!
-//! `tollgate review --stage all` and `tollgate audit` (the command and the server's
-//! background audit) all judge an object through [`run`], so that what a user checks
-//! offline, what the audit reports and what the cluster does are one judgement.
+//! The review is read once and judged once ([`review_stages`]: one [`judge::pod`] for a
+//! pod, both of a workload's webhooks for a workload), so what a user checks offline is
+//! what the cluster does.
+//!
+//! [`judge::pod`]: crate::judge::pod
 
 use serde_json::{json, Value};
 
 use crate::cluster::Cluster;
-use crate::review::{review_bytes_with, Endpoint, ReviewError, Reviewed};
+use crate::judge::Stages;
+use crate::review::{review_stages, ReviewError, Reviewed};
 
 /// Which webhook(s) to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +21,16 @@ pub enum Stage {
     All,
     Mutate,
     Validate,
+}
+
+impl Stage {
+    fn stages(self) -> Stages {
+        match self {
+            Stage::All => Stages::Both,
+            Stage::Mutate => Stages::Mutate,
+            Stage::Validate => Stages::Validate,
+        }
+    }
 }
 
 /// Why a review could not be run at all.
@@ -69,78 +83,32 @@ pub fn run(
     review: &Value,
     stage: Stage,
 ) -> Result<Judged, PipelineError> {
+    // Writing a Value as JSON cannot fail.
+    let bytes = serde_json::to_vec(review).unwrap_or_default();
+    let staged = review_stages(stage.stages(), policy, cluster, &bytes)?;
     let mut judged = Judged {
-        mutate: None,
+        mutate: staged.mutate,
         mutated: None,
-        validate: None,
+        validate: staged.validate,
         allowed: true,
         message: None,
     };
-    let object = review.pointer("/request/object");
-    let mut validated: Option<Value> = None;
-    if stage != Stage::Validate {
-        let r = review_one(policy, cluster, Endpoint::Mutate, review)?;
-        if let Some(object) = object {
-            let mut pod = object.clone();
-            if let Some(p) = &r.patch() {
-                json_patch::patch(&mut pod, p).map_err(|e| PipelineError::Patch(e.to_string()))?;
-            }
-            if stage == Stage::All {
-                // What the apiserver does between the two webhooks (to a pod's fields; a
-                // workload's templates are defaulted as pods inside its review).
-                let mut defaulted = review.clone();
-                let mut o = pod.clone();
-                if is_pod(review) {
-                    crate::pod::default_requests_from_limits(&mut o);
-                }
-                if let Some(slot) = defaulted.pointer_mut("/request/object") {
-                    *slot = o;
-                }
-                validated = Some(defaulted);
-            }
-            judged.mutated = Some(pod);
+    if let (Some(m), Some(object)) = (&judged.mutate, review.pointer("/request/object")) {
+        let mut doc = object.clone();
+        if let Some(p) = &m.patch() {
+            json_patch::patch(&mut doc, p).map_err(|e| PipelineError::Patch(e.to_string()))?;
         }
-        judged.allowed = r.response.allowed;
-        if !r.response.allowed {
-            judged.message = Some(r.response.result.message.clone());
-        }
-        judged.mutate = Some(r);
+        judged.mutated = Some(doc);
     }
-    if stage != Stage::Mutate && judged.allowed {
-        let r = review_one(
-            policy,
-            cluster,
-            Endpoint::Validate,
-            validated.as_ref().unwrap_or(review),
-        )?;
-        judged.allowed = r.response.allowed;
-        if !r.response.allowed {
-            judged.message = Some(r.response.result.message.clone());
-        }
-        judged.validate = Some(r);
+    if let Some(refused) = [&judged.mutate, &judged.validate]
+        .into_iter()
+        .flatten()
+        .find(|r| !r.response.allowed)
+    {
+        judged.allowed = false;
+        judged.message = Some(refused.response.result.message.clone());
     }
     Ok(judged)
-}
-
-/// Whether `review` is of a core v1 Pod (else: a workload).
-fn is_pod(review: &Value) -> bool {
-    review.pointer("/request/kind/kind").and_then(Value::as_str) == Some("Pod")
-        && review
-            .pointer("/request/kind/group")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .is_empty()
-}
-
-fn review_one(
-    policy: &crate::policy::Policy,
-    cluster: &dyn Cluster,
-    endpoint: Endpoint,
-    review: &Value,
-) -> Result<Reviewed, ReviewError> {
-    // Writing a Value as JSON cannot fail.
-    let bytes = serde_json::to_vec(review).unwrap_or_default();
-    review_bytes_with(endpoint, policy, cluster, &bytes)
 }
 
 /// The CREATE review the apiserver would send for `object` (a Pod, or any object of a kind
@@ -249,6 +217,6 @@ mod tests {
         let review = synthetic_review(&pod, None, "alice", &[]);
         let all = run(&policy, &Objects::complete(), &review, Stage::All).unwrap();
         assert!(all.allowed, "{:?}", all.message);
-        assert!(!all.mutate.unwrap().steps.is_empty());
+        assert!(!all.mutate.unwrap().steps().is_empty());
     }
 }

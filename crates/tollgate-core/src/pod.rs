@@ -99,6 +99,36 @@ pub fn is_true(
         .is_some_and(|v| v.trim().eq_ignore_ascii_case(TRUE_VALUE))
 }
 
+/// [`default_requests_from_limits`] on a typed pod: what the judgement applies between
+/// mutation and validation, without a trip through JSON.
+pub fn default_requests(pod: &mut Pod) {
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    fn copy(r: &mut k8s_openapi::api::core::v1::ResourceRequirements) {
+        let Some(limits) = r.limits.as_ref() else {
+            return;
+        };
+        let requests = r.requests.get_or_insert_with(Default::default);
+        for (k, v) in limits {
+            requests.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    if let Some(r) = spec.resources.as_mut() {
+        copy(r);
+    }
+    let PodSpec {
+        init_containers,
+        containers,
+        ..
+    } = spec;
+    for (_, c) in containers_mut(init_containers, containers) {
+        if let Some(r) = c.resources.as_mut() {
+            copy(r);
+        }
+    }
+}
+
 /// The apiserver's defaulting between the mutating and the validating webhooks, for the
 /// parts validation looks at: a container limit with no request becomes the request, and
 /// so does a pod-level limit (`spec.resources`, where the apiserver sets a pod-level request

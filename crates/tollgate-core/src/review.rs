@@ -1,7 +1,11 @@
-//! The review pipeline: AdmissionReview bytes in, AdmissionReview out.
+//! The review: AdmissionReview bytes in, AdmissionReview out.
 //!
-//! Pure: no I/O and no clock. The HTTP routes and the `review` command both call
-//! [`review_bytes`], so what a user sees offline is what the cluster gets.
+//! Pure: no I/O and no clock. The HTTP routes and `tollgate review` both call
+//! [`review_bytes_with`] (or [`review_stages`] for both webhooks at once), so what a user
+//! sees offline is what the cluster gets. One look at `request.kind` chooses the one parse
+//! of the body: a pod's (its typed fast path) or a workload's (its objects as JSON). A pod
+//! is judged by [`judge::pod`], a workload by [`workload`]; this module turns what they
+//! found into the AdmissionReview each webhook answers.
 
 use std::collections::HashMap;
 
@@ -12,15 +16,15 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::cluster::{Cluster, ObjectKey, Offline};
-use crate::gpu::Gpus;
-use crate::mutate::{self, Step};
-use crate::optout::{self, OptOut};
+use crate::judge::{self, Judgement, Stages, Subject};
+use crate::mutate::Step;
+use crate::optout::OptOut;
+use crate::parse::{self, Peeked};
 use crate::policy::{Operation, Policy};
 use crate::profile::{self, PodLabels};
 use crate::requester::Requester;
-use crate::validate::{self, Verdict};
+use crate::validate::{Missing, Verdict};
 use crate::workload::{self, TemplateVerdict, Workload};
-use crate::{diff, parse};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -35,11 +39,18 @@ impl Endpoint {
             Endpoint::Validate => "validate",
         }
     }
+
+    fn stages(self) -> Stages {
+        match self {
+            Endpoint::Mutate => Stages::Mutate,
+            Endpoint::Validate => Stages::Validate,
+        }
+    }
 }
 
 /// The one-word result of a review, for metrics and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Result {
+pub enum Outcome {
     Allowed,
     Patched,
     Denied,
@@ -47,13 +58,13 @@ pub enum Result {
     Error,
 }
 
-impl Result {
+impl Outcome {
     pub fn as_str(self) -> &'static str {
         match self {
-            Result::Allowed => "allowed",
-            Result::Patched => "patched",
-            Result::Denied => "denied",
-            Result::Error => "error",
+            Outcome::Allowed => "allowed",
+            Outcome::Patched => "patched",
+            Outcome::Denied => "denied",
+            Outcome::Error => "error",
         }
     }
 }
@@ -76,33 +87,110 @@ pub enum ReviewError {
 pub struct Reviewed {
     pub endpoint: Endpoint,
     pub response: AdmissionResponse,
-    pub result: Result,
+    pub outcome: Outcome,
     pub uid: String,
     pub namespace: String,
-    /// The pod's name, or its generateName prefix followed by `*`.
+    /// The object's name, or its generateName prefix followed by `*`.
     pub name: String,
     pub operation: String,
     pub dry_run: bool,
     pub username: String,
+    /// Objects the review needed and the cluster context did not know (a claim created a
+    /// moment ago): the shell may fetch them and review again.
+    pub unresolved: Vec<ObjectKey>,
+    /// The policy profile applied; None for the base policy.
+    pub profile: Option<String>,
+    /// What was reviewed (a pod, a workload, or nothing tollgate judges), and what became
+    /// of it.
+    pub about: About,
+}
+
+/// What a review was about.
+#[derive(Debug, Clone, Default)]
+pub enum About {
+    /// Nothing tollgate judges (no object, a subresource, an operation it does not judge,
+    /// another kind): allowed unchanged.
+    #[default]
+    Nothing,
+    Pod(PodReview),
+    Workload(WorkloadReview),
+}
+
+/// What became of a pod.
+#[derive(Debug, Clone, Default)]
+pub struct PodReview {
     /// Mutation steps that changed the pod.
     pub steps: Vec<Step>,
     /// What validation concluded, when it ran.
     pub verdict: Option<Verdict>,
     pub opt_out: Option<OptOut>,
-    /// Objects the review needed and the cluster context did not know (a claim created a
-    /// moment ago): the shell may fetch them and review again.
-    pub unresolved: Vec<ObjectKey>,
-    /// The policy profile the pod got; None for the base policy.
-    pub profile: Option<String>,
-    /// The kind of a workload reviewed (`Job`); None for a pod.
-    pub kind: Option<String>,
-    /// A workload's pod templates and what became of each.
-    pub templates: Vec<TemplateVerdict>,
     /// On `/validate`: the containers lacking required requests, whatever the mode.
-    pub missing: Vec<validate::Missing>,
+    pub missing: Vec<Missing>,
+}
+
+/// What became of a workload.
+#[derive(Debug, Clone)]
+pub struct WorkloadReview {
+    /// Its kind (`Job`).
+    pub kind: String,
+    /// Its pod templates and what became of each.
+    pub templates: Vec<TemplateVerdict>,
+    /// What validation concluded of its templates, when any was judged.
+    pub verdict: Option<Verdict>,
+    pub opt_out: Option<OptOut>,
 }
 
 impl Reviewed {
+    /// Mutation steps that changed a pod.
+    pub fn steps(&self) -> &[Step] {
+        match &self.about {
+            About::Pod(p) => &p.steps,
+            _ => &[],
+        }
+    }
+
+    /// What validation concluded, when it ran.
+    pub fn verdict(&self) -> Option<Verdict> {
+        match &self.about {
+            About::Pod(p) => p.verdict,
+            About::Workload(w) => w.verdict,
+            About::Nothing => None,
+        }
+    }
+
+    /// The opt-out as decided, when one was.
+    pub fn opt_out(&self) -> Option<&OptOut> {
+        match &self.about {
+            About::Pod(p) => p.opt_out.as_ref(),
+            About::Workload(w) => w.opt_out.as_ref(),
+            About::Nothing => None,
+        }
+    }
+
+    /// The kind of a workload reviewed (`Job`); None for a pod.
+    pub fn kind(&self) -> Option<&str> {
+        match &self.about {
+            About::Workload(w) => Some(&w.kind),
+            _ => None,
+        }
+    }
+
+    /// A workload's pod templates and what became of each.
+    pub fn templates(&self) -> &[TemplateVerdict] {
+        match &self.about {
+            About::Workload(w) => &w.templates,
+            _ => &[],
+        }
+    }
+
+    /// On `/validate`, of a pod: the containers lacking required requests.
+    pub fn missing(&self) -> &[Missing] {
+        match &self.about {
+            About::Pod(p) => &p.missing,
+            _ => &[],
+        }
+    }
+
     /// The JSON patch of a mutation, if it has one.
     pub fn patch(&self) -> Option<json_patch::Patch> {
         serde_json::from_slice(self.response.patch.as_deref()?).ok()
@@ -157,13 +245,21 @@ impl Reviewed {
     }
 }
 
+/// Both webhooks' answers to one review, in a cluster's order: the validating webhook's
+/// is None when it did not run (not asked, or the mutating webhook refused).
+#[derive(Debug, Clone, Default)]
+pub struct Staged {
+    pub mutate: Option<Reviewed>,
+    pub validate: Option<Reviewed>,
+}
+
 /// Parses a body and reviews it, with no cluster context. Errors are bodies that are not an
 /// AdmissionReview at all.
 pub fn review_bytes(
     endpoint: Endpoint,
     policy: &Policy,
     body: &[u8],
-) -> std::result::Result<Reviewed, ReviewError> {
+) -> Result<Reviewed, ReviewError> {
     review_bytes_with(endpoint, policy, &Offline, body)
 }
 
@@ -173,70 +269,274 @@ pub fn review_bytes_with(
     policy: &Policy,
     cluster: &dyn Cluster,
     body: &[u8],
-) -> std::result::Result<Reviewed, ReviewError> {
+) -> Result<Reviewed, ReviewError> {
+    let staged = review_stages(endpoint.stages(), policy, cluster, body)?;
+    let one = match endpoint {
+        Endpoint::Mutate => staged.mutate,
+        Endpoint::Validate => staged.validate,
+    };
+    // Each stage asked for answers: the asked one is always there.
+    Ok(one.unwrap_or_else(|| empty(endpoint)))
+}
+
+/// A body reviewed by the webhooks of `stages`: with both, as a cluster runs them (the
+/// validating webhook sees the object as the mutating webhook's patch and the apiserver's
+/// defaulting left it).
+pub fn review_stages(
+    stages: Stages,
+    policy: &Policy,
+    cluster: &dyn Cluster,
+    body: &[u8],
+) -> Result<Staged, ReviewError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ReviewError::Empty);
     }
-    let shape = match endpoint {
-        Endpoint::Mutate => parse::Shape::Full,
-        Endpoint::Validate => parse::Shape::Validation,
-    };
-    if let Some(parsed) = parse::read_shape(body, shape) {
-        return Ok(review_parsed(
-            endpoint,
-            policy,
-            cluster,
-            parsed.request,
-            parsed.labels,
-            body,
-        ));
-    }
-    // The exact parse: slower, and what decides how a body that is not a review of a pod
-    // is answered.
-    match serde_json::from_slice::<AdmissionReview<Pod>>(body) {
-        Ok(review) => {
-            check_envelope(&review.types.api_version, &review.types.kind)?;
-            let req: AdmissionRequest<Pod> =
-                review.try_into().map_err(|_| ReviewError::NoRequest)?;
-            Ok(review_parsed(endpoint, policy, cluster, req, None, body))
+    match parse::peek(body) {
+        Peeked::Pod => {
+            let shape = match stages {
+                Stages::Validate => parse::Shape::Validation,
+                Stages::Mutate | Stages::Both => parse::Shape::Full,
+            };
+            if let Some(parsed) = parse::read_shape(body, shape) {
+                return Ok(review_pod(
+                    stages,
+                    policy,
+                    cluster,
+                    parsed.request,
+                    parsed.labels,
+                    body,
+                ));
+            }
+            // The exact parse: slower, and what decides how a body the fast path cannot
+            // read is answered.
+            match serde_json::from_slice::<AdmissionReview<Pod>>(body) {
+                Ok(review) => {
+                    check_envelope(&review.types.api_version, &review.types.kind)?;
+                    let req: AdmissionRequest<Pod> =
+                        review.try_into().map_err(|_| ReviewError::NoRequest)?;
+                    Ok(review_pod(stages, policy, cluster, req, None, body))
+                }
+                Err(e) => slow_path(stages, body, Some(e)),
+            }
         }
-        Err(typed_err) => match parse::workload(body) {
+        Peeked::Other => match parse::workload(body) {
             // Not a pod: a workload, judged by the pods its templates will make.
             Some((req, object, old)) => Ok(review_workload(
-                endpoint,
+                stages,
                 policy,
                 cluster,
                 &req,
-                &object,
+                object,
                 old.as_ref(),
             )),
-            None => slow_path(endpoint, body, typed_err),
+            None => slow_path(stages, body, None),
         },
     }
 }
 
-/// `raw_labels`: the pod's labels where the parse left them as text (else they are the
-/// object's own).
-fn review_parsed(
-    endpoint: Endpoint,
+/// An answer for a stage that had nothing to answer (never, in practice): allowed.
+fn empty(endpoint: Endpoint) -> Reviewed {
+    Reviewed {
+        endpoint,
+        response: AdmissionResponse::invalid(""),
+        outcome: Outcome::Allowed,
+        uid: String::new(),
+        namespace: String::new(),
+        name: String::new(),
+        operation: String::new(),
+        dry_run: false,
+        username: String::new(),
+        unresolved: vec![],
+        profile: None,
+        about: About::Nothing,
+    }
+    .allowed()
+}
+
+impl Reviewed {
+    fn allowed(mut self) -> Self {
+        self.response.allowed = true;
+        self.response.result = Status::success();
+        self
+    }
+
+    /// The same answer from the other webhook: what both say of what neither judges.
+    fn as_endpoint(&self, endpoint: Endpoint) -> Reviewed {
+        let mut r = self.clone();
+        r.endpoint = endpoint;
+        r
+    }
+}
+
+/// The answers of `stages` when each webhook says the same (nothing judged, or a body
+/// tollgate cannot read: then the validating webhook never runs).
+fn same(stages: Stages, r: Reviewed) -> Staged {
+    match stages {
+        Stages::Mutate => Staged {
+            mutate: Some(r),
+            validate: None,
+        },
+        Stages::Validate => Staged {
+            mutate: None,
+            validate: Some(r.as_endpoint(Endpoint::Validate)),
+        },
+        Stages::Both => {
+            let validate = r
+                .response
+                .allowed
+                .then(|| r.as_endpoint(Endpoint::Validate));
+            Staged {
+                mutate: Some(r),
+                validate,
+            }
+        }
+    }
+}
+
+/// A pod's review. `raw_labels`: the pod's labels where the parse left them as text (else
+/// they are the object's own).
+fn review_pod(
+    stages: Stages,
     policy: &Policy,
     cluster: &dyn Cluster,
-    req: AdmissionRequest<Pod>,
+    mut req: AdmissionRequest<Pod>,
     raw_labels: Option<&RawValue>,
     body: &[u8],
-) -> Reviewed {
+) -> Staged {
+    let first = match stages {
+        Stages::Validate => Endpoint::Validate,
+        Stages::Mutate | Stages::Both => Endpoint::Mutate,
+    };
+    let mut reviewed = skeleton(first, &req, req.object.as_ref());
+    let Some(mut pod) = req.object.take() else {
+        return same(stages, reviewed);
+    };
+    // Subresources (status, binding, ephemeralcontainers from `kubectl debug`) are not the
+    // pod its author wrote: never in tollgate's way.
+    if req.sub_resource.as_deref().is_some_and(|s| !s.is_empty()) {
+        return same(stages, reviewed);
+    }
+    let Some(operation) = policy_operation(&req.operation) else {
+        return same(stages, reviewed);
+    };
     // Along every path a mutation patches, the typed model tells an absent or null field
     // from an empty one, except for the two it requires: `metadata` and `spec.containers`.
     // Only when one of them reads as empty can the patch name a parent the sent object
     // lacks, so only then is the body read a second time.
-    let ambiguous = req.object.as_ref().is_some_and(|p| {
-        p.metadata == Default::default() || p.spec.as_ref().is_some_and(|s| s.containers.is_empty())
-    });
-    let mut reviewed = review_request_labelled(endpoint, policy, cluster, req, raw_labels);
-    if reviewed.response.patch.is_some() && ambiguous {
-        anchor_to_sent_object(&mut reviewed, body);
+    let ambiguous = pod.metadata == Default::default()
+        || pod.spec.as_ref().is_some_and(|s| s.containers.is_empty());
+    let who = requester(&req);
+    let labels = match raw_labels {
+        Some(raw) => PodLabels::Raw(Some(raw)),
+        None => PodLabels::Parsed(pod.metadata.labels.as_ref()),
+    };
+    let selected = profile::select(policy, who.namespace, labels, cluster);
+    reviewed.profile = selected.profile.map(str::to_owned);
+    reviewed.unresolved.extend(selected.unresolved);
+    let subject = Subject {
+        policy: selected.policy,
+        profile: selected.profile,
+        who,
+        operation,
+        opt_out: None,
+    };
+    let j = judge::pod(
+        &subject,
+        cluster,
+        &mut pod,
+        stages,
+        stages != Stages::Validate,
+    );
+    reviewed.unresolved.extend(j.unresolved.iter().cloned());
+    let warning = selected.warning;
+    match stages {
+        Stages::Mutate => {
+            mutation_answer(&mut reviewed, &j, warning, ambiguous, body);
+            Staged {
+                mutate: Some(reviewed),
+                validate: None,
+            }
+        }
+        Stages::Validate => {
+            validation_answer(&mut reviewed, &j, warning);
+            Staged {
+                mutate: None,
+                validate: Some(reviewed),
+            }
+        }
+        Stages::Both => {
+            let mut validated = reviewed.as_endpoint(Endpoint::Validate);
+            mutation_answer(&mut reviewed, &j, warning.clone(), ambiguous, body);
+            validation_answer(&mut validated, &j, warning);
+            Staged {
+                mutate: Some(reviewed),
+                validate: Some(validated),
+            }
+        }
     }
-    reviewed
+}
+
+/// The mutating webhook's answer for a pod, from its judgement.
+fn mutation_answer(
+    out: &mut Reviewed,
+    j: &Judgement,
+    profile_warning: Option<String>,
+    ambiguous: bool,
+    body: &[u8],
+) {
+    let mut warnings: Vec<String> = profile_warning.into_iter().collect();
+    let mut review = PodReview::default();
+    if let Some(m) = &j.mutation {
+        review.opt_out.clone_from(&j.opt_out);
+        if let Some(note) = &m.opted_out {
+            out.response.audit_annotations = HashMap::from([("opt-out".to_owned(), note.clone())]);
+        } else {
+            if let Some(why) = j.opt_out.as_ref().and_then(OptOut::why) {
+                warnings.push(format!("tollgate: {why}; the pod was handled as usual"));
+            }
+            warnings.extend(m.warnings.iter().cloned());
+            review.steps.clone_from(&m.outcome.applied);
+            if let Some(patch) = &m.patch {
+                out.outcome = Outcome::Patched;
+                out.response.patch = Some(patch.clone());
+            }
+        }
+    }
+    if !warnings.is_empty() {
+        out.response.warnings = Some(warnings);
+    }
+    out.about = About::Pod(review);
+    if out.response.patch.is_some() && ambiguous {
+        anchor_to_sent_object(out, body);
+    }
+}
+
+/// The validating webhook's answer for a pod, from its judgement.
+fn validation_answer(out: &mut Reviewed, j: &Judgement, profile_warning: Option<String>) {
+    let mut review = PodReview::default();
+    let mut warnings: Vec<String> = profile_warning.into_iter().collect();
+    if let Some(d) = &j.validation {
+        review.verdict = Some(d.verdict);
+        review.opt_out.clone_from(&d.opt_out);
+        review.missing.clone_from(&d.missing);
+        if !d.allowed {
+            out.outcome = Outcome::Denied;
+            out.response.allowed = false;
+            out.response.result =
+                Status::failure(d.message.as_deref().unwrap_or("denied"), "Forbidden")
+                    .with_code(403);
+        }
+        warnings.extend(d.warnings.iter().cloned());
+        out.response.audit_annotations = d
+            .audit_annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+    }
+    if !warnings.is_empty() {
+        out.response.warnings = Some(warnings);
+    }
+    out.about = About::Pod(review);
 }
 
 /// The patch is computed on the typed pod, whose JSON can differ from the object the
@@ -256,9 +556,9 @@ fn anchor_to_sent_object(reviewed: &mut Reviewed, body: &[u8]) {
         return;
     };
     if let Some(fixed) = anchor(sent, &patch) {
-        match reviewed.response.clone().with_patch(fixed) {
-            Ok(r) => reviewed.response = r,
-            Err(_) => unreachable!("a JSON patch always serialises"),
+        // A JSON patch always serialises; were it ever not to, the patch stays as it was.
+        if let Ok(text) = serde_json::to_vec(&fixed) {
+            reviewed.response.patch = Some(text);
         }
     }
 }
@@ -321,7 +621,7 @@ fn anchor(sent: Value, patch: &json_patch::Patch) -> Option<json_patch::Patch> {
     Some(json_patch::Patch(out))
 }
 
-fn check_envelope(api_version: &str, kind: &str) -> std::result::Result<(), ReviewError> {
+fn check_envelope(api_version: &str, kind: &str) -> Result<(), ReviewError> {
     if !parse::is_admission_review_v1(api_version, kind) {
         return Err(ReviewError::NotAdmissionReview(format!(
             "apiVersion {api_version:?} kind {kind:?}; register the webhook with admissionReviewVersions: [v1]"
@@ -330,12 +630,13 @@ fn check_envelope(api_version: &str, kind: &str) -> std::result::Result<(), Revi
     Ok(())
 }
 
-/// The body did not parse as a review of a Pod: find out why, and answer accordingly.
+/// The body could not be read as the review its kind says it is: find out why, and
+/// answer accordingly. `typed_err`: the pod parse's error, when it was tried.
 fn slow_path(
-    endpoint: Endpoint,
+    stages: Stages,
     body: &[u8],
-    typed_err: serde_json::Error,
-) -> std::result::Result<Reviewed, ReviewError> {
+    typed_err: Option<serde_json::Error>,
+) -> Result<Staged, ReviewError> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| ReviewError::NotJson(e.to_string()))?;
     let Value::Object(map) = &value else {
@@ -352,7 +653,11 @@ fn slow_path(
         .map_err(|e| ReviewError::NotAdmissionReview(e.to_string()))?;
     let req: AdmissionRequest<DynamicObject> =
         review.try_into().map_err(|_| ReviewError::NoRequest)?;
-    let mut reviewed = skeleton(endpoint, &req, None);
+    let first = match stages {
+        Stages::Validate => Endpoint::Validate,
+        Stages::Mutate | Stages::Both => Endpoint::Mutate,
+    };
+    let mut reviewed = skeleton(first, &req, None);
     if req.kind.kind != "Pod" || !req.kind.group.is_empty() {
         // Registered for more than pods by mistake: tollgate has no opinion, so it stays out
         // of the way rather than blocking unrelated objects.
@@ -360,25 +665,32 @@ fn slow_path(
             "tollgate only reviews pods; this {} was allowed unchanged",
             req.kind.kind
         )]);
-        return Ok(reviewed);
+        return Ok(same(stages, reviewed));
     }
-    reviewed.result = Result::Error;
+    // Why the pod did not parse, in the typed parse's words.
+    let why = match typed_err {
+        Some(e) => e.to_string(),
+        None => serde_json::from_slice::<AdmissionReview<Pod>>(body)
+            .err()
+            .map_or_else(|| "unreadable".to_owned(), |e| e.to_string()),
+    };
+    reviewed.outcome = Outcome::Error;
     reviewed.response.allowed = false;
     reviewed.response.result = Status::failure(
-        &format!("tollgate could not read this pod: {typed_err}"),
+        &format!("tollgate could not read this pod: {why}"),
         "BadRequest",
     )
     .with_code(400);
-    Ok(reviewed)
+    Ok(same(stages, reviewed))
 }
 
 /// Who asks, and where.
 fn requester<T: kube_core::Resource>(req: &AdmissionRequest<T>) -> Requester<'_> {
-    Requester {
-        namespace: req.namespace.as_deref().unwrap_or_default(),
-        username: req.user_info.username.as_deref().unwrap_or_default(),
-        groups: req.user_info.groups.as_deref().unwrap_or_default(),
-    }
+    Requester::new(
+        req.namespace.as_deref().unwrap_or_default(),
+        req.user_info.username.as_deref().unwrap_or_default(),
+        req.user_info.groups.as_deref().unwrap_or_default(),
+    )
 }
 
 fn skeleton<T: kube_core::Resource>(
@@ -393,21 +705,16 @@ fn skeleton<T: kube_core::Resource>(
     Reviewed {
         endpoint,
         response: AdmissionResponse::from(req),
-        result: Result::Allowed,
+        outcome: Outcome::Allowed,
         uid: req.uid.clone(),
         namespace: req.namespace.clone().unwrap_or_default(),
         name,
         operation: operation_str(&req.operation).to_owned(),
         dry_run: req.dry_run,
         username: req.user_info.username.clone().unwrap_or_default(),
-        steps: vec![],
-        verdict: None,
-        opt_out: None,
         unresolved: vec![],
         profile: None,
-        kind: None,
-        templates: vec![],
-        missing: vec![],
+        about: About::Nothing,
     }
 }
 
@@ -428,140 +735,28 @@ fn policy_operation(op: &admission::Operation) -> Option<Operation> {
     }
 }
 
-/// Reviews a parsed request. The pod is mutated in place: the request is consumed.
-pub fn review_request(
-    endpoint: Endpoint,
-    policy: &Policy,
-    cluster: &dyn Cluster,
-    req: AdmissionRequest<Pod>,
-) -> Reviewed {
-    review_request_labelled(endpoint, policy, cluster, req, None)
-}
-
-/// [`review_request`], with the pod's labels as text when the parse left them so (None:
-/// they are the object's own).
-fn review_request_labelled(
-    endpoint: Endpoint,
-    policy: &Policy,
-    cluster: &dyn Cluster,
-    mut req: AdmissionRequest<Pod>,
-    raw_labels: Option<&RawValue>,
-) -> Reviewed {
-    let mut reviewed = skeleton(endpoint, &req, req.object.as_ref());
-    let Some(pod) = req.object.take() else {
-        return reviewed;
-    };
-    // Subresources (status, binding, ephemeralcontainers from `kubectl debug`) are not the
-    // pod its author wrote: never in tollgate's way.
-    if req.sub_resource.as_deref().is_some_and(|s| !s.is_empty()) {
-        return reviewed;
-    }
-    let Some(operation) = policy_operation(&req.operation) else {
-        return reviewed;
-    };
-    let who = requester(&req);
-    let namespace = who.namespace;
-    let labels = match raw_labels {
-        Some(raw) => PodLabels::Raw(Some(raw)),
-        None => PodLabels::Parsed(pod.metadata.labels.as_ref()),
-    };
-    let selected = profile::select(policy, namespace, labels, cluster);
-    let policy = selected.policy;
-    reviewed.profile = selected.profile.map(str::to_owned);
-    reviewed.unresolved.extend(selected.unresolved);
-    match endpoint {
-        Endpoint::Mutate => mutate_pod(policy, cluster, pod, operation, &who, &mut reviewed),
-        Endpoint::Validate => validate_pod(policy, &pod, operation, &who, &mut reviewed),
-    }
-    if let Some(w) = selected.warning {
-        reviewed
-            .response
-            .warnings
-            .get_or_insert_with(Vec::new)
-            .insert(0, w);
-    }
-    reviewed
-}
-
-fn mutate_pod(
-    policy: &Policy,
-    cluster: &dyn Cluster,
-    mut pod: Pod,
-    operation: Operation,
-    who: &Requester<'_>,
-    out: &mut Reviewed,
-) {
-    if !policy.mutation.operations.contains(&operation) {
-        return;
-    }
-    let mut warnings = vec![];
-    let opt_out = optout::decide(policy, &pod, who);
-    match &opt_out {
-        OptOut::Honoured => {
-            out.response.audit_annotations = HashMap::from([(
-                "opt-out".to_owned(),
-                optout::audit_note_for(policy, pod.metadata.annotations.as_ref(), who),
-            )]);
-            out.opt_out = Some(opt_out);
-            return;
-        }
-        OptOut::Refused(why) => {
-            warnings.push(format!("tollgate: {why}; the pod was handled as usual"))
-        }
-        OptOut::NotRequested => {}
-    }
-    out.opt_out = Some(opt_out);
-    let gpus = Gpus::of(policy, &pod, who.namespace, cluster);
-    warnings.extend(gpus.warnings.iter().cloned());
-    out.unresolved.extend(gpus.unresolved.iter().cloned());
-    if mutate::is_training_pod(policy, &pod, &gpus) {
-        let before = diff::Snapshot::of(&pod);
-        let outcome = mutate::mutate(policy, &mut pod, &gpus, out.profile.as_deref());
-        let patch = before.and_then(|b| diff::patch_text(&b, &diff::Snapshot::of(&pod)?));
-        warnings.extend(outcome.warnings);
-        out.steps = outcome.applied;
-        let patch = match patch {
-            Ok(p) => p,
-            // Writing a typed pod as JSON does not fail; if it ever did, the pod goes in as
-            // it came rather than being refused over tollgate's own trouble.
-            Err(e) => {
-                warnings.push(format!(
-                    "tollgate: could not compute its changes ({e}); the pod was allowed unchanged"
-                ));
-                out.steps.clear();
-                None
-            }
-        };
-        if let Some(patch) = patch {
-            out.result = Result::Patched;
-            // AdmissionResponse::with_patch takes the response and the patch by value; rather
-            // than copying the response, move it out and let it set the (private) patch type
-            // with an empty patch, then put the patch's JSON in.
-            let response = std::mem::replace(&mut out.response, AdmissionResponse::invalid(""));
-            match response.with_patch(json_patch::Patch::default()) {
-                Ok(r) => out.response = r,
-                Err(_) => unreachable!("a JSON patch always serialises"),
-            }
-            out.response.patch = Some(patch);
-        }
-    }
-    if !warnings.is_empty() {
-        out.response.warnings = Some(warnings);
-    }
-}
-
 /// Reviews a workload (a kind other than Pod): its pod templates, if the policy lists the
-/// kind; anything else is allowed unchanged, with a warning.
+/// kind; anything else is allowed unchanged, with a warning. With both stages, the
+/// validating webhook judges the workload as the mutating webhook's patch left it.
 fn review_workload(
-    endpoint: Endpoint,
+    stages: Stages,
     policy: &Policy,
     cluster: &dyn Cluster,
     req: &AdmissionRequest<DynamicObject>,
-    object: &Value,
+    object: Value,
     old: Option<&Value>,
-) -> Reviewed {
-    let mut reviewed = skeleton(endpoint, req, None);
-    reviewed.kind = Some(req.kind.kind.clone());
+) -> Staged {
+    let first = match stages {
+        Stages::Validate => Endpoint::Validate,
+        Stages::Mutate | Stages::Both => Endpoint::Mutate,
+    };
+    let mut reviewed = skeleton(first, req, None);
+    reviewed.about = About::Workload(WorkloadReview {
+        kind: req.kind.kind.clone(),
+        templates: vec![],
+        verdict: None,
+        opt_out: None,
+    });
     if reviewed.name.is_empty() {
         if let Some(g) = object
             .pointer("/metadata/generateName")
@@ -571,15 +766,19 @@ fn review_workload(
         }
     }
     if req.sub_resource.as_deref().is_some_and(|s| !s.is_empty()) {
-        return reviewed;
+        return same(stages, reviewed);
     }
     let Some(operation) = policy_operation(&req.operation) else {
-        return reviewed;
+        return same(stages, reviewed);
     };
     let who = requester(req);
-    let namespace = who.namespace;
-    let labels = workload::labels_of(object);
-    let selected = profile::select(policy, namespace, PodLabels::Parsed(Some(&labels)), cluster);
+    let labels = workload::labels_of(&object);
+    let selected = profile::select(
+        policy,
+        who.namespace,
+        PodLabels::Parsed(Some(&labels)),
+        cluster,
+    );
     reviewed.profile = selected.profile.map(str::to_owned);
     reviewed.unresolved.extend(selected.unresolved);
     let gvk = &req.kind;
@@ -599,86 +798,94 @@ fn review_workload(
             "tollgate only reviews pods and the workloads its policy lists (workloads.kinds); this {} ({api}) was allowed unchanged",
             gvk.kind
         )]);
-        return reviewed;
+        return same(stages, reviewed);
     };
     if !selected.policy.workloads.enabled {
-        return reviewed;
+        return same(stages, reviewed);
     }
-    let w = Workload {
-        kind,
-        object,
-        old,
-        operation,
-        who,
-    };
-    let mut warnings = selected.warning.into_iter().collect::<Vec<_>>();
-    match endpoint {
-        Endpoint::Mutate => {
-            let m = workload::mutate(policy, cluster, &w);
-            warnings.extend(m.warnings);
-            reviewed.response.audit_annotations = m.audit_annotations.into_iter().collect();
-            reviewed.opt_out = m.opt_out;
-            reviewed.templates = m.templates;
-            if let Some(patch) = m.patch {
-                reviewed.result = Result::Patched;
-                let response =
-                    std::mem::replace(&mut reviewed.response, AdmissionResponse::invalid(""));
-                match response.with_patch(json_patch::Patch::default()) {
-                    Ok(r) => reviewed.response = r,
-                    Err(_) => unreachable!("a JSON patch always serialises"),
-                }
-                reviewed.response.patch = Some(patch);
-            }
+    let warning = selected.warning;
+    let mut staged = Staged::default();
+    let mut object = object;
+    if stages != Stages::Validate {
+        let w = Workload {
+            kind,
+            object: &object,
+            old,
+            operation,
+            who,
+        };
+        let mut out = reviewed.as_endpoint(Endpoint::Mutate);
+        let m = workload::mutate(policy, cluster, &w);
+        let mut warnings: Vec<String> = warning.clone().into_iter().collect();
+        warnings.extend(m.warnings);
+        out.response.audit_annotations = m.audit_annotations.into_iter().collect();
+        set_workload(&mut out, m.templates, None, m.opt_out);
+        let patched = m.patch.as_ref().and_then(|p| {
+            let patch: json_patch::Patch = serde_json::from_slice(p).ok()?;
+            let mut doc = object.clone();
+            json_patch::patch(&mut doc, &patch).ok()?;
+            Some(doc)
+        });
+        if let Some(patch) = m.patch {
+            out.outcome = Outcome::Patched;
+            out.response.patch = Some(patch);
         }
-        Endpoint::Validate => {
-            let v = workload::validate(policy, cluster, &w);
-            warnings.extend(v.warnings);
-            reviewed.response.audit_annotations = v.audit_annotations.into_iter().collect();
-            reviewed.verdict = v.verdict;
-            reviewed.opt_out = v.opt_out;
-            reviewed.templates = v.templates;
-            reviewed.unresolved.extend(v.unresolved);
-            if !v.allowed {
-                reviewed.result = Result::Denied;
-                reviewed.response.allowed = false;
-                reviewed.response.result =
-                    Status::failure(v.message.as_deref().unwrap_or("denied"), "Forbidden")
-                        .with_code(403);
-            }
+        if !warnings.is_empty() {
+            out.response.warnings = Some(warnings);
+        }
+        staged.mutate = Some(out);
+        if let Some(p) = patched.filter(|_| stages == Stages::Both) {
+            object = p;
         }
     }
-    if !warnings.is_empty() {
-        reviewed.response.warnings = Some(warnings);
+    if stages != Stages::Mutate {
+        let w = Workload {
+            kind,
+            object: &object,
+            old,
+            operation,
+            who,
+        };
+        let mut out = reviewed.as_endpoint(Endpoint::Validate);
+        let v = workload::validate(policy, cluster, &w);
+        let mut warnings: Vec<String> = warning.into_iter().collect();
+        warnings.extend(v.warnings);
+        out.response.audit_annotations = v.audit_annotations.into_iter().collect();
+        out.unresolved.extend(v.unresolved);
+        set_workload(&mut out, v.templates, v.verdict, v.opt_out);
+        if !v.allowed {
+            out.outcome = Outcome::Denied;
+            out.response.allowed = false;
+            out.response.result =
+                Status::failure(v.message.as_deref().unwrap_or("denied"), "Forbidden")
+                    .with_code(403);
+        }
+        if !warnings.is_empty() {
+            out.response.warnings = Some(warnings);
+        }
+        staged.validate = Some(out);
     }
-    reviewed
+    staged
 }
 
-fn validate_pod(
-    policy: &Policy,
-    pod: &Pod,
-    operation: Operation,
-    who: &Requester<'_>,
+fn set_workload(
     out: &mut Reviewed,
+    templates: Vec<TemplateVerdict>,
+    verdict: Option<Verdict>,
+    opt_out: Option<OptOut>,
 ) {
-    let d = validate::validate(policy, pod, operation, who);
-    out.verdict = Some(d.verdict);
-    out.opt_out = d.opt_out;
-    out.missing = d.missing;
-    if !d.allowed {
-        out.result = Result::Denied;
-        out.response.allowed = false;
-        out.response.result =
-            Status::failure(d.message.as_deref().unwrap_or("denied"), "Forbidden").with_code(403);
+    if let About::Workload(w) = &mut out.about {
+        w.templates = templates;
+        w.verdict = verdict;
+        w.opt_out = opt_out;
     }
-    if !d.warnings.is_empty() {
-        out.response.warnings = Some(d.warnings);
-    }
-    out.response.audit_annotations = d.audit_annotations.into_iter().collect();
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::Gpus;
+    use crate::mutate;
 
     /// The patch a review returns is the plain diff of the full documents, as the apiserver
     /// sent them (managed fields and all) and as mutated.
@@ -694,9 +901,9 @@ mod tests {
                 // A workload's patch only ever carries the opt-out approval, and these
                 // ask for none.
                 let reviewed = review_bytes(Endpoint::Mutate, &policy, &body).unwrap();
-                assert_eq!(reviewed.result, Result::Allowed);
+                assert_eq!(reviewed.outcome, Outcome::Allowed);
                 assert!(reviewed.patch().is_none());
-                assert!(reviewed.kind.is_some());
+                assert!(reviewed.kind().is_some());
                 continue;
             }
             let v: Value = serde_json::from_slice(&body).unwrap();
@@ -710,7 +917,7 @@ mod tests {
                 &serde_json::to_value(&mutated).unwrap(),
             );
             let reviewed = review_bytes(Endpoint::Mutate, &policy, &body).unwrap();
-            if reviewed.result == Result::Patched {
+            if reviewed.outcome == Outcome::Patched {
                 assert_eq!(reviewed.patch().unwrap(), expected);
                 patched += 1;
             }

@@ -117,6 +117,11 @@ impl Verdict {
 }
 
 impl Decision {
+    /// Not judged: validation off, or an operation the policy does not judge.
+    pub fn skipped() -> Self {
+        Decision::allow(Verdict::Skipped)
+    }
+
     fn allow(verdict: Verdict) -> Self {
         Decision {
             allowed: true,

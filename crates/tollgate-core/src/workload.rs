@@ -25,13 +25,13 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Map, Value};
 
 use crate::cluster::{Cluster, ObjectKey};
-use crate::gpu::Gpus;
+use crate::judge::{self, Judgement, Stages};
 use crate::optout::{self, OptOut};
-use crate::policy::{Mode, Operation, Policy, TemplateSpec, WorkloadKind};
+use crate::policy::{Operation, Policy, TemplateSpec, WorkloadKind};
 use crate::requester::Requester;
 use crate::template_path::Path;
 use crate::validate::{self, Missing, Part, Verdict};
-use crate::{diff, mutate, pod, profile};
+use crate::{diff, pod, profile};
 
 /// A workload as a review sees it.
 #[derive(Debug, Clone, Copy)]
@@ -70,6 +70,26 @@ pub struct TemplateVerdict {
     pub decision: &'static str,
 }
 
+/// One template as the validating webhook judged it: what the audit draws its findings
+/// from.
+#[derive(Debug, Clone)]
+pub struct TemplateJudged {
+    pub verdict: TemplateVerdict,
+    /// How findings are led (`replica Worker`); None for a kind's only, unnamed template.
+    pub label: Option<String>,
+    /// The profile its pods get (None: the base policy).
+    pub profile: Option<String>,
+    /// The opt-out its pods get; None when it was not judged.
+    pub opt_out: Option<OptOut>,
+    /// Whom tollgate's approval in the template names, if it carries one.
+    pub approved_for: Option<String>,
+    /// The judgement of the pod it makes; None when none was made (opted out, unchanged,
+    /// unreadable, a forged approval).
+    pub judgement: Option<Judgement>,
+    /// Why the template could not be read as a pod spec.
+    pub unreadable: Option<String>,
+}
+
 /// What the validating webhook answers for a workload.
 #[derive(Debug, Clone, Default)]
 pub struct Validated {
@@ -82,6 +102,8 @@ pub struct Validated {
     pub opt_out: Option<OptOut>,
     pub templates: Vec<TemplateVerdict>,
     pub unresolved: Vec<ObjectKey>,
+    /// Each template as judged, in order.
+    pub judged: Vec<TemplateJudged>,
 }
 
 /// What the mutating webhook answers for a workload: at most the approval's changes.
@@ -514,6 +536,8 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
     let subject = subject(w.kind, w.object);
     let name = workload_name(w.object);
     let controller = optout::is_controller(policy, w.who.username);
+    // An audit's workload, whose creator nothing records: no approval can be held to them.
+    let unknown = w.who.is_unknown();
     let all = judging(policy, cluster, w, name);
     if all.is_empty() {
         out.warnings.push(no_template_warning(w, &subject));
@@ -539,7 +563,16 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
             pointer: j.t.pointer.clone(),
             decision,
         };
-        if !controller {
+        let mut judged = TemplateJudged {
+            verdict: verdict("unchanged"),
+            label: j.t.label.clone(),
+            profile: j.profile.map(str::to_owned),
+            opt_out: None,
+            approved_for: approval.map(str::to_owned),
+            judgement: None,
+            unreadable: None,
+        };
+        if !controller && !unknown {
             let expected = if !j.changed {
                 j.old.and_then(|o| approval_of(p, o))
             } else if asked && optout::permitted(p, &w.who).is_ok() {
@@ -553,16 +586,20 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
                     j.t.display()
                 ));
                 out.templates.push(verdict("denied"));
+                judged.verdict = verdict("denied");
+                out.judged.push(judged);
                 continue;
             }
         }
         if !j.changed {
             out.templates.push(verdict("unchanged"));
+            out.judged.push(judged);
             continue;
         }
         // The opt-out the pods will get: a controller's by the approval it carries; a
-        // person's by who they are, once the mutating webhook has approved it.
-        let opt_out = if controller || !asked {
+        // person's by who they are, once the mutating webhook has approved it; an unknown
+        // requester's as far as it can be told.
+        let opt_out = if controller || unknown || !asked {
             optout::decide_for(p, annotations.as_ref(), &w.who)
         } else {
             match optout::permitted(p, &w.who) {
@@ -573,6 +610,7 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
                 )),
             }
         };
+        judged.opt_out = Some(opt_out.clone());
         if opt_out == OptOut::Honoured {
             out.warnings.push(format!(
                 "tollgate: {here}: its pods opt out ({}); their resource requests will not be checked",
@@ -585,6 +623,8 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
             out.opt_out = Some(OptOut::Honoured);
             verdicts.push(Verdict::OptedOut);
             out.templates.push(verdict("opted-out"));
+            judged.verdict = verdict("opted-out");
+            out.judged.push(judged);
             continue;
         }
         let mut pod = match pod_of(w.kind, &j.t, name, w.who.namespace) {
@@ -594,14 +634,36 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
                     "tollgate: {here}: could not read the pod template ({e}); its pods will be judged when they are created"
                 ));
                 out.templates.push(verdict("unreadable"));
+                judged.verdict = verdict("unreadable");
+                judged.unreadable = Some(e);
+                out.judged.push(judged);
                 continue;
             }
         };
-        let (decision, warnings, unresolved) =
-            pipeline(p, j.profile, cluster, &mut pod, opt_out.clone(), &w.who);
-        out.unresolved.extend(unresolved);
-        out.warnings
-            .extend(warnings.iter().map(|m| prefixed(&here, m)));
+        // The pods it will make, judged as a cluster with both webhooks judges a pod:
+        // created by the controller, with the opt-out decided here.
+        let judgement = judge::pod(
+            &judge::Subject {
+                policy: p,
+                profile: j.profile,
+                who: w.who,
+                operation: Operation::Create,
+                opt_out: Some(opt_out.clone()),
+            },
+            cluster,
+            &mut pod,
+            Stages::Both,
+            false,
+        );
+        let decision = judgement
+            .validation
+            .clone()
+            .unwrap_or_else(validate::Decision::skipped);
+        out.unresolved.extend(judgement.unresolved.iter().cloned());
+        if let Some(m) = &judgement.mutation {
+            out.warnings
+                .extend(m.warnings.iter().map(|m| prefixed(&here, m)));
+        }
         out.warnings
             .extend(decision.warnings.iter().map(|m| prefixed(&here, m)));
         for (k, v) in &decision.audit_annotations {
@@ -613,11 +675,15 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
             }
         }
         verdicts.push(decision.verdict);
-        out.templates.push(verdict(if decision.allowed {
+        let decided = if decision.allowed {
             "allowed"
         } else {
             "denied"
-        }));
+        };
+        out.templates.push(verdict(decided));
+        judged.verdict = verdict(decided);
+        judged.judgement = Some(judgement);
+        out.judged.push(judged);
         if !decision.allowed {
             findings.push((
                 Finding {
@@ -675,53 +741,6 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
     out
 }
 
-/// What `tollgate review --stage all` does to a pod, on the pod a template will make:
-/// tollgate's mutation (for a training pod), the apiserver's defaulting, validation.
-/// Returns validation's decision, mutation's warnings and what the cluster context lacked.
-fn pipeline(
-    policy: &Policy,
-    profile: Option<&str>,
-    cluster: &dyn Cluster,
-    pod: &mut Pod,
-    opt_out: OptOut,
-    who: &Requester<'_>,
-) -> (validate::Decision, Vec<String>, Vec<ObjectKey>) {
-    let mut warnings = vec![];
-    let mut unresolved = vec![];
-    if policy.mutation.operations.contains(&Operation::Create) {
-        let gpus = Gpus::of(policy, pod, who.namespace, cluster);
-        warnings.extend(gpus.warnings.iter().cloned());
-        unresolved.extend(gpus.unresolved.iter().cloned());
-        if mutate::is_training_pod(policy, pod, &gpus) {
-            let outcome = mutate::mutate(policy, pod, &gpus, profile);
-            warnings.extend(outcome.warnings);
-        }
-    }
-    // The apiserver's defaulting between the two webhooks, as `tollgate review` applies it.
-    if let Ok(mut v) = serde_json::to_value(&*pod) {
-        pod::default_requests_from_limits(&mut v);
-        if let Ok(defaulted) = serde_json::from_value(v) {
-            *pod = defaulted;
-        }
-    }
-    let decision = if validate::judges(policy, Operation::Create) {
-        validate::judge(policy, pod, who, opt_out)
-    } else {
-        validate::Decision {
-            allowed: true,
-            message: None,
-            warnings: vec![],
-            audit_annotations: BTreeMap::new(),
-            verdict: Verdict::Skipped,
-            opt_out: None,
-            missing: vec![],
-        }
-    };
-    // In warn and audit modes the decision allows; enforce is what refuses.
-    debug_assert!(decision.allowed || policy.validation.mode == Mode::Enforce);
-    (decision, warnings, unresolved)
-}
-
 /// An object's labels (`metadata.labels`, string values only, as the apiserver allows).
 pub fn labels_of(object: &Value) -> BTreeMap<String, String> {
     string_map(object.pointer("/metadata/labels"))
@@ -748,16 +767,12 @@ mod tests {
     }
 
     fn who<'a>(user: &'a str, groups: &'a [String]) -> Requester<'a> {
-        Requester {
-            namespace: "ml",
-            username: user,
-            groups,
-        }
+        Requester::new("ml", user, groups)
     }
 
     #[test]
     fn templates_are_named_from_their_paths_and_get_the_controllers_labels() {
-        let policy = Policy::default();
+        let policy = Policy::builtin();
         let review = fixture("bert-finetune-pytorchjob.validate.json");
         let object = &review["request"]["object"];
         let kind = policy
@@ -828,7 +843,7 @@ mod tests {
 
     #[test]
     fn the_approval_is_given_to_who_may_opt_out_once_and_refused_to_others() {
-        let policy = Policy::default();
+        let policy = Policy::builtin();
         let kind = policy.workloads.kind("batch", "v1", "Job").unwrap();
         let masters = vec!["system:masters".to_owned()];
         let none: Vec<String> = vec![];
@@ -895,7 +910,7 @@ mod tests {
 
     #[test]
     fn an_unchanged_template_keeps_its_approval_as_it_was() {
-        let policy = Policy::default();
+        let policy = Policy::builtin();
         let kind = policy.workloads.kind("batch", "v1", "Job").unwrap();
         let none: Vec<String> = vec![];
         let old = opting_out_job();

@@ -17,6 +17,7 @@ use std::fmt::Write as _;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+use super::Added;
 use crate::gpu::{Gpus, Use};
 use crate::pod::ContainerKind;
 use crate::policy::{DefaultResources, Policy};
@@ -29,7 +30,13 @@ pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> boo
     super::alone(apply, policy, pod, warnings)
 }
 
-pub fn apply(policy: &Policy, gpus: &Gpus<'_>, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
+pub fn apply(
+    policy: &Policy,
+    gpus: &Gpus<'_>,
+    pod: &mut Pod,
+    added: &mut Vec<Added>,
+    warnings: &mut Vec<String>,
+) -> bool {
     let Some(spec) = pod.spec.as_mut() else {
         return false;
     };
@@ -46,6 +53,11 @@ pub fn apply(policy: &Policy, gpus: &Gpus<'_>, pod: &mut Pod, warnings: &mut Vec
         let set = fill(policy, gpus.of_container(&c.name), pod_level, c);
         if !set.is_empty() {
             warnings.push(message(kind, &c.name, &set));
+            added.extend(set.into_iter().map(|s| Added::Limit {
+                container: c.name.clone(),
+                resource: s.resource,
+                value: s.value,
+            }));
             changed = true;
         }
     }
@@ -275,7 +287,7 @@ mod tests {
     }
 
     fn per_gpu() -> Policy {
-        let mut p = Policy::default();
+        let mut p = Policy::builtin();
         let d = &mut p.mutation.default_resources.per_gpu;
         d.insert("cpu".into(), Quantity("8".into()));
         d.insert("memory".into(), Quantity("64Gi".into()));
@@ -287,7 +299,7 @@ mod tests {
         let mut p = one(
             json!({"name": "pytorch", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}),
         );
-        let (changed, warnings) = run(&Policy::default(), &mut p);
+        let (changed, warnings) = run(&Policy::builtin(), &mut p);
         assert!(changed);
         assert_eq!(
             warnings,
@@ -302,7 +314,7 @@ mod tests {
     #[test]
     fn no_resources_at_all() {
         let mut p = one(json!({"name": "t"}));
-        run(&Policy::default(), &mut p);
+        run(&Policy::builtin(), &mut p);
         assert_eq!(
             resources(&p, 0),
             json!({"limits": {"cpu": "2", "memory": "4Gi"}})
@@ -312,7 +324,7 @@ mod tests {
     #[test]
     fn user_limits_are_never_changed() {
         let mut p = one(json!({"name": "t", "resources": {"limits": {"cpu": "500m"}}}));
-        let (_, warnings) = run(&Policy::default(), &mut p);
+        let (_, warnings) = run(&Policy::builtin(), &mut p);
         assert_eq!(
             resources(&p, 0)["limits"],
             json!({"cpu": "500m", "memory": "4Gi"})
@@ -325,7 +337,7 @@ mod tests {
         let mut p = one(
             json!({"name": "t", "resources": {"requests": {"cpu": "3"}, "limits": {"cpu": "1", "memory": "bogus"}}}),
         );
-        assert!(!run(&Policy::default(), &mut p).0);
+        assert!(!run(&Policy::builtin(), &mut p).0);
     }
 
     #[test]
@@ -333,7 +345,7 @@ mod tests {
         let mut p = one(
             json!({"name": "pytorch", "resources": {"requests": {"cpu": "1500m", "memory": "6144Mi"}}}),
         );
-        let (_, warnings) = run(&Policy::default(), &mut p);
+        let (_, warnings) = run(&Policy::builtin(), &mut p);
         assert_eq!(
             resources(&p, 0)["limits"],
             json!({"cpu": "2", "memory": "6144Mi"})
@@ -344,7 +356,7 @@ mod tests {
         );
         // Equal to the default: the default.
         let mut p = one(json!({"name": "t", "resources": {"requests": {"cpu": "2000m"}}}));
-        run(&Policy::default(), &mut p);
+        run(&Policy::builtin(), &mut p);
         assert_eq!(resources(&p, 0)["limits"]["cpu"], "2");
     }
 
@@ -409,7 +421,7 @@ mod tests {
             "requests": {"nvidia.com/gpu": "2", "hugepages-2Mi": "1Gi", "example.com/fpga": "1", "cpu": "1"},
             "limits": {"cpu": "1", "memory": "1Gi"},
         }}));
-        let (_, warnings) = run(&Policy::default(), &mut p);
+        let (_, warnings) = run(&Policy::builtin(), &mut p);
         assert_eq!(
             resources(&p, 0)["limits"],
             json!({"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "2", "hugepages-2Mi": "1Gi", "example.com/fpga": "1"})
@@ -424,7 +436,7 @@ mod tests {
         let mut p = one(json!({"name": "t", "resources": {
             "requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "2", "cpu": "1", "memory": "1Gi"},
         }}));
-        assert!(!run(&Policy::default(), &mut p).0);
+        assert!(!run(&Policy::builtin(), &mut p).0);
     }
 
     #[test]
@@ -433,7 +445,7 @@ mod tests {
             "resources": {"requests": {"cpu": "4"}},
             "containers": [{"name": "a"}, {"name": "b", "resources": {"requests": {"memory": "8Gi"}}}],
         }}));
-        let (_, warnings) = run(&Policy::default(), &mut p);
+        let (_, warnings) = run(&Policy::builtin(), &mut p);
         assert_eq!(resources(&p, 0)["limits"], json!({"memory": "4Gi"}));
         assert_eq!(resources(&p, 1)["limits"], json!({"memory": "8Gi"}));
         assert_eq!(warnings.len(), 2);
@@ -441,7 +453,7 @@ mod tests {
             "resources": {"limits": {"cpu": "4", "memory": "16Gi"}},
             "containers": [{"name": "a"}],
         }}));
-        assert!(!run(&Policy::default(), &mut p).0);
+        assert!(!run(&Policy::builtin(), &mut p).0);
     }
 
     #[test]
@@ -449,7 +461,7 @@ mod tests {
         let mut p = one(
             json!({"name": "t", "resources": {"requests": {"cpu": "lots", "nvidia.com/gpu": "many"}}}),
         );
-        let (_, warnings) = run(&Policy::default(), &mut p);
+        let (_, warnings) = run(&Policy::builtin(), &mut p);
         assert_eq!(resources(&p, 0)["limits"], json!({"memory": "4Gi"}));
         assert_eq!(warnings.len(), 1);
         // An unreadable GPU count leaves the per-GPU resources alone rather than guess.
@@ -476,7 +488,7 @@ mod tests {
             "containers": [{"name": "t"}],
             "ephemeralContainers": [{"name": "debug"}],
         }}));
-        let (_, warnings) = run(&Policy::default(), &mut p);
+        let (_, warnings) = run(&Policy::builtin(), &mut p);
         let v = to_json(&p);
         for c in [
             &v["spec"]["initContainers"][0],
@@ -499,7 +511,7 @@ mod tests {
 
     #[test]
     fn ephemeral_storage_default() {
-        let mut policy = Policy::default();
+        let mut policy = Policy::builtin();
         policy
             .mutation
             .default_resources
@@ -514,7 +526,7 @@ mod tests {
     #[test]
     fn pod_without_spec_is_untouched() {
         let mut p = pod(json!({"metadata": {"name": "x"}}));
-        assert!(!ensure(&Policy::default(), &mut p, &mut vec![]));
+        assert!(!ensure(&Policy::builtin(), &mut p, &mut vec![]));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{
     Container, EnvVar, HostPathVolumeSource, Pod, PodSpec, Volume, VolumeMount,
 };
 
+use super::Added;
 use crate::gpu::{Class, Gpus};
 use crate::policy::{Driver, EnvEntry, HostMount, IfPresent, Policy};
 
@@ -24,7 +25,13 @@ pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> boo
 /// Mounts the driver of each `hostPath` class into the containers that use a GPU of it.
 /// Classes whose driver the runtime injects (`runtime`: device plugins with CDI, DRA
 /// drivers) get nothing: a redundant hostPath only makes Pod Security refuse the pod.
-pub fn apply(_: &Policy, gpus: &Gpus<'_>, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
+pub fn apply(
+    _: &Policy,
+    gpus: &Gpus<'_>,
+    pod: &mut Pod,
+    added: &mut Vec<Added>,
+    warnings: &mut Vec<String>,
+) -> bool {
     let Some(spec) = pod.spec.as_mut() else {
         return false;
     };
@@ -57,6 +64,11 @@ pub fn apply(_: &Policy, gpus: &Gpus<'_>, pod: &mut Pod, warnings: &mut Vec<Stri
                 match mount_state(c, m) {
                     MountState::Present => {}
                     MountState::Absent => {
+                        added.push(Added::VolumeMount {
+                            container: c.name.clone(),
+                            name: m.name.clone(),
+                            mount_path: m.mount_path.clone(),
+                        });
                         c.volume_mounts
                             .get_or_insert_with(Vec::new)
                             .push(VolumeMount {
@@ -90,12 +102,23 @@ pub fn apply(_: &Policy, gpus: &Gpus<'_>, pod: &mut Pod, warnings: &mut Vec<Stri
                 // Added only once some container mounts it: an unused hostPath volume would
                 // still trip Pod Security for nothing.
                 if find_volume(volumes, &m.name).is_none() {
+                    added.push(Added::Volume(m.name.clone()));
                     volumes.get_or_insert_with(Vec::new).push(volume(m));
                     changed = true;
                 }
             }
             for e in &wanted.env {
-                changed |= ensure_env(c, e);
+                match ensure_env(c, e) {
+                    Env::Unchanged => {}
+                    Env::Extended => changed = true,
+                    Env::New => {
+                        added.push(Added::Env {
+                            container: c.name.clone(),
+                            name: e.name.clone(),
+                        });
+                        changed = true;
+                    }
+                }
             }
         }
     }
@@ -172,7 +195,16 @@ fn same_path(a: &str, b: &str) -> bool {
     a.trim_end_matches('/') == b.trim_end_matches('/')
 }
 
-fn ensure_env(c: &mut Container, e: &EnvEntry) -> bool {
+/// What [`ensure_env`] did to a container's variable.
+enum Env {
+    Unchanged,
+    /// Its value got ours as a component.
+    Extended,
+    /// The container did not set it: it has ours now.
+    New,
+}
+
+fn ensure_env(c: &mut Container, e: &EnvEntry) -> Env {
     // The last definition of a name is the one the container sees.
     let existing = c
         .env
@@ -184,25 +216,25 @@ fn ensure_env(c: &mut Container, e: &EnvEntry) -> bool {
             value: Some(e.value.clone()),
             value_from: None,
         });
-        return true;
+        return Env::New;
     };
     // A value from a secret or the downward API cannot be combined with ours here.
     if var.value_from.is_some() || e.value.is_empty() {
-        return false;
+        return Env::Unchanged;
     }
     let current = var.value.as_deref().unwrap_or("");
     if has_component(current, &e.value, &e.separator) {
-        return false;
+        return Env::Unchanged;
     }
     let joined = match e.if_present {
-        IfPresent::Keep => return false,
+        IfPresent::Keep => return Env::Unchanged,
         // An empty component in a search path means the working directory: never create one.
         _ if current.is_empty() => e.value.clone(),
         IfPresent::Append => format!("{current}{}{}", e.separator, e.value),
         IfPresent::Prepend => format!("{}{}{current}", e.value, e.separator),
     };
     var.value = Some(joined);
-    true
+    Env::Extended
 }
 
 /// Whether `item` is already one of the `sep`-separated components of `list`, or a run of
@@ -259,7 +291,7 @@ mod tests {
             "containers": [gpu("pytorch"), {"name": "logger"}],
             "ephemeralContainers": [{"name": "debug"}],
         }}));
-        let (changed, warnings) = run(&Policy::default(), &mut p);
+        let (changed, warnings) = run(&Policy::builtin(), &mut p);
         assert!(changed);
         assert!(warnings.is_empty(), "{warnings:?}");
         let s = spec(&p);
@@ -284,15 +316,15 @@ mod tests {
             json!({"spec": {"containers": [{"name": "cpu", "resources": {"limits": {"cpu": "1"}}}]}}),
         );
         let before = to_json(&p);
-        assert!(!ensure(&Policy::default(), &mut p, &mut vec![]));
+        assert!(!ensure(&Policy::builtin(), &mut p, &mut vec![]));
         assert_eq!(to_json(&p), before);
         let mut p = pod(json!({"metadata": {"name": "x"}}));
-        assert!(!ensure(&Policy::default(), &mut p, &mut vec![]));
+        assert!(!ensure(&Policy::builtin(), &mut p, &mut vec![]));
         // Zero GPUs is not asking for one.
         let mut p = pod(
             json!({"spec": {"containers": [{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "0"}}}]}}),
         );
-        assert!(!ensure(&Policy::default(), &mut p, &mut vec![]));
+        assert!(!ensure(&Policy::builtin(), &mut p, &mut vec![]));
     }
 
     #[test]
@@ -300,7 +332,7 @@ mod tests {
         let mut p = pod(json!({"spec": {"containers": [
             {"name": "t", "resources": {"limits": {"amd.com/gpu": "1"}}}
         ]}}));
-        assert!(!ensure(&Policy::default(), &mut p, &mut vec![]));
+        assert!(!ensure(&Policy::builtin(), &mut p, &mut vec![]));
     }
 
     #[test]
@@ -347,7 +379,7 @@ mod tests {
             ),
         ];
         for (mode, user, expected) in cases {
-            let mut policy = Policy::default();
+            let mut policy = Policy::builtin();
             let res = policy.gpu.classes.get_mut("nvidia").unwrap();
             res.env[0].if_present = mode;
             let mut var = json!({"name": "LD_LIBRARY_PATH"});
@@ -369,13 +401,13 @@ mod tests {
         let mut c = gpu("t");
         c["env"] = json!([{"name": "LD_LIBRARY_PATH", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}]);
         let mut p = pod(json!({"spec": {"containers": [c.clone()]}}));
-        run(&Policy::default(), &mut p);
+        run(&Policy::builtin(), &mut p);
         assert_eq!(spec(&p)["containers"][0]["env"], c["env"]);
     }
 
     #[test]
     fn new_env_goes_last_and_multi_component_values_are_idempotent() {
-        let mut policy = Policy::default();
+        let mut policy = Policy::builtin();
         let res = policy.gpu.classes.get_mut("nvidia").unwrap();
         res.env = vec![
             EnvEntry {
@@ -410,7 +442,7 @@ mod tests {
         let mut c = gpu("t");
         c["env"] = json!([{"name": "LD_LIBRARY_PATH", "value": "/a"}, {"name": "LD_LIBRARY_PATH", "value": "/b"}]);
         let mut p = pod(json!({"spec": {"containers": [c]}}));
-        run(&Policy::default(), &mut p);
+        run(&Policy::builtin(), &mut p);
         let env = &spec(&p)["containers"][0]["env"];
         assert_eq!(env[0]["value"], "/a");
         assert_eq!(env[1]["value"], "/b:/usr/local/nvidia/lib64");
@@ -423,7 +455,7 @@ mod tests {
             "containers": [gpu("a"), gpu("b")],
             "volumes": [theirs.clone()],
         }}));
-        let (changed, warnings) = run(&Policy::default(), &mut p);
+        let (changed, warnings) = run(&Policy::builtin(), &mut p);
         assert!(changed, "env is still set");
         assert_eq!(warnings.len(), 1, "{warnings:?}");
         assert!(warnings[0].starts_with("tollgate: "));
@@ -443,7 +475,7 @@ mod tests {
     fn identical_volume_is_ours_whatever_wrote_it() {
         // An earlier tollgate version or the user wrote exactly our volume, with or without
         // the apiserver's defaulted empty type.
-        let mut policy = Policy::default();
+        let mut policy = Policy::builtin();
         policy.gpu.classes.get_mut("nvidia").unwrap().mounts[0].r#type = String::new();
         let v = json!({"name": "tollgate-nvidia-driver", "hostPath": {"path": "/usr/local/nvidia", "type": ""}});
         let mut p = pod(json!({"spec": {"containers": [gpu("a")], "volumes": [v.clone()]}}));
@@ -462,7 +494,7 @@ mod tests {
         let mut a = gpu("pytorch");
         a["volumeMounts"] = json!([{"name": "drv", "mountPath": "/usr/local/nvidia/"}]);
         let mut p = pod(json!({"spec": {"containers": [a.clone(), gpu("b")]}}));
-        let (changed, warnings) = run(&Policy::default(), &mut p);
+        let (changed, warnings) = run(&Policy::builtin(), &mut p);
         assert!(changed);
         assert_eq!(
             warnings,
@@ -479,7 +511,7 @@ mod tests {
         let mut a = gpu("pytorch");
         a["volumeMounts"] = json!([{"name": "tollgate-nvidia-driver", "mountPath": "/opt/nv"}]);
         let mut p = pod(json!({"spec": {"containers": [a.clone()], "volumes": [ours_volume()]}}));
-        let (changed, warnings) = run(&Policy::default(), &mut p);
+        let (changed, warnings) = run(&Policy::builtin(), &mut p);
         assert!(changed, "env");
         assert_eq!(warnings.len(), 1);
         assert!(warnings[0].contains("\"/opt/nv\""), "{}", warnings[0]);
@@ -493,7 +525,7 @@ mod tests {
             json!([{"name": "tollgate-nvidia-driver", "mountPath": "/usr/local/nvidia"}]);
         a["env"] = json!([{"name": "LD_LIBRARY_PATH", "value": "/usr/local/nvidia/lib64"}]);
         let mut p = pod(json!({"spec": {"containers": [a.clone()]}}));
-        assert!(run(&Policy::default(), &mut p).0);
+        assert!(run(&Policy::builtin(), &mut p).0);
         let s = spec(&p);
         assert_eq!(s["volumes"], json!([ours_volume()]));
         assert_eq!(s["containers"][0], a, "a user's read-write mount is theirs");
@@ -501,7 +533,7 @@ mod tests {
 
     #[test]
     fn shared_volume_between_resources_is_added_once() {
-        let mut policy = Policy::default();
+        let mut policy = Policy::builtin();
         let mut example = policy.gpu.classes["nvidia"].clone();
         example.resources = vec!["example.com/gpu".into()];
         policy.gpu.classes.insert("example".into(), example);
@@ -525,10 +557,10 @@ mod tests {
         ))
         .unwrap();
         let mut p = pod(review["request"]["object"].clone());
-        assert!(run(&Policy::default(), &mut p).0);
+        assert!(run(&Policy::builtin(), &mut p).0);
         // What the apiserver sends on reinvocation is our output, re-read.
         let mut again = pod(to_json(&p));
-        assert!(!ensure(&Policy::default(), &mut again, &mut vec![]));
+        assert!(!ensure(&Policy::builtin(), &mut again, &mut vec![]));
         let s = spec(&p);
         assert_eq!(
             s["containers"][0]["volumeMounts"],

@@ -10,10 +10,21 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodSpec};
 
+use super::Added;
 use crate::pod::containers;
 use crate::policy::{Policy, SidecarMode};
 
+/// [`apply`], keeping only the warnings (the step's own tests).
 pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
+    apply(policy, pod, &mut Vec::new(), warnings)
+}
+
+pub fn apply(
+    policy: &Policy,
+    pod: &mut Pod,
+    added: &mut Vec<Added>,
+    warnings: &mut Vec<String>,
+) -> bool {
     let sidecar = &policy.mutation.metrics_sidecar;
     let template = &sidecar.container;
     let Some(spec) = pod.spec.as_mut() else {
@@ -22,6 +33,10 @@ pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> boo
     let mut changed = false;
     match obstacle(spec, template) {
         None => {
+            added.push(Added::Container {
+                name: template.name.clone(),
+                native: sidecar.mode == SidecarMode::Native,
+            });
             let mut c = template.clone();
             match sidecar.mode {
                 SidecarMode::Native => {
@@ -169,7 +184,7 @@ mod tests {
     }
 
     fn classic() -> Policy {
-        let mut p = Policy::default();
+        let mut p = Policy::builtin();
         p.mutation.metrics_sidecar.mode = SidecarMode::Classic;
         p
     }
@@ -186,7 +201,7 @@ mod tests {
             "initContainers": [{"name": "fetch", "image": "busybox"}],
             "containers": [trainer()],
         }}));
-        let (changed, warnings) = run(&Policy::default(), &mut p);
+        let (changed, warnings) = run(&Policy::builtin(), &mut p);
         assert!(changed);
         assert!(warnings.is_empty());
         let v = to_json(&p);
@@ -196,7 +211,7 @@ mod tests {
         );
         assert_eq!(names(&v["spec"]["containers"]), ["pytorch"]);
         let mut expected =
-            serde_json::to_value(&Policy::default().mutation.metrics_sidecar.container).unwrap();
+            serde_json::to_value(&Policy::builtin().mutation.metrics_sidecar.container).unwrap();
         expected["restartPolicy"] = json!("Always");
         assert_eq!(v["spec"]["initContainers"][1], expected);
         assert_eq!(
@@ -221,11 +236,11 @@ mod tests {
     #[test]
     fn ours_in_either_place_is_not_added_again() {
         let template =
-            serde_json::to_value(&Policy::default().mutation.metrics_sidecar.container).unwrap();
+            serde_json::to_value(&Policy::builtin().mutation.metrics_sidecar.container).unwrap();
         // Injected by a classic-mode policy, now reviewed under native mode, and vice versa.
         for (policy, spec) in [
             (
-                Policy::default(),
+                Policy::builtin(),
                 json!({"containers": [trainer(), template.clone()]}),
             ),
             (
@@ -253,7 +268,7 @@ mod tests {
         ] {
             let mut p = pod(json!({"spec": spec}));
             let before = to_json(&p);
-            let (changed, warnings) = run(&Policy::default(), &mut p);
+            let (changed, warnings) = run(&Policy::builtin(), &mut p);
             assert!(!changed, "{spec}");
             assert_eq!(warnings.len(), 1, "{spec}");
             assert!(
@@ -286,7 +301,7 @@ mod tests {
             c["ports"].as_array_mut().unwrap().push(port.clone());
             let mut p = pod(json!({"spec": {"containers": [c]}}));
             let before = to_json(&p);
-            let (changed, warnings) = run(&Policy::default(), &mut p);
+            let (changed, warnings) = run(&Policy::builtin(), &mut p);
             assert!(!changed, "{port}");
             assert_eq!(
                 warnings,
@@ -301,12 +316,12 @@ mod tests {
         let mut c = trainer();
         c["ports"] = json!([{"containerPort": 9102, "protocol": "UDP"}, {"containerPort": 9125}]);
         let mut p = pod(json!({"spec": {"containers": [c]}}));
-        assert!(run(&Policy::default(), &mut p).0);
+        assert!(run(&Policy::builtin(), &mut p).0);
     }
 
     #[test]
     fn host_port_clash() {
-        let mut policy = Policy::default();
+        let mut policy = Policy::builtin();
         policy
             .mutation
             .metrics_sidecar
@@ -333,7 +348,7 @@ mod tests {
             "metadata": {"annotations": {"prometheus.io/port": "8000", "team": "vision"}},
             "spec": {"containers": [trainer()]},
         }));
-        assert!(run(&Policy::default(), &mut p).0);
+        assert!(run(&Policy::builtin(), &mut p).0);
         assert_eq!(
             to_json(&p)["metadata"]["annotations"],
             json!({"prometheus.io/port": "8000", "prometheus.io/scrape": "true", "team": "vision"})
@@ -343,9 +358,9 @@ mod tests {
     #[test]
     fn only_annotations_missing_still_counts_as_a_change() {
         let template =
-            serde_json::to_value(&Policy::default().mutation.metrics_sidecar.container).unwrap();
+            serde_json::to_value(&Policy::builtin().mutation.metrics_sidecar.container).unwrap();
         let mut p = pod(json!({"spec": {"containers": [trainer(), template]}}));
-        assert!(run(&Policy::default(), &mut p).0);
+        assert!(run(&Policy::builtin(), &mut p).0);
         assert_eq!(
             to_json(&p)["metadata"]["annotations"]["prometheus.io/scrape"],
             "true"
@@ -354,7 +369,7 @@ mod tests {
 
     #[test]
     fn no_annotations_in_policy_adds_no_empty_map() {
-        let mut policy = Policy::default();
+        let mut policy = Policy::builtin();
         policy.mutation.metrics_sidecar.annotations.clear();
         let mut p = pod(json!({"spec": {"containers": [trainer()]}}));
         assert!(run(&policy, &mut p).0);
@@ -364,7 +379,7 @@ mod tests {
     #[test]
     fn pod_without_spec_is_untouched() {
         let mut p = pod(json!({"metadata": {"name": "x"}}));
-        assert!(!ensure(&Policy::default(), &mut p, &mut vec![]));
+        assert!(!ensure(&Policy::builtin(), &mut p, &mut vec![]));
         assert!(p.metadata.annotations.is_none());
     }
 
@@ -375,8 +390,8 @@ mod tests {
         ))
         .unwrap();
         let mut p = pod(review["request"]["object"].clone());
-        assert!(run(&Policy::default(), &mut p).0);
+        assert!(run(&Policy::builtin(), &mut p).0);
         let mut again = pod(to_json(&p));
-        assert!(!ensure(&Policy::default(), &mut again, &mut vec![]));
+        assert!(!ensure(&Policy::builtin(), &mut again, &mut vec![]));
     }
 }

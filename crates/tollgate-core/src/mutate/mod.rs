@@ -1,15 +1,18 @@
 //! Mutation: the four idempotent "ensure" steps applied to training pods.
 //!
-//! Each step looks at the typed pod, changes only what is missing, and reports whether it
-//! changed anything. Running the steps again on their own output changes nothing, which is
-//! what makes `reinvocationPolicy: IfNeeded` and the empty second patch work.
+//! Each step looks at the typed pod, changes only what is missing, and reports what it
+//! added ([`Added`]) and what the user should read (warnings). Running the steps again on
+//! their own output changes nothing, which is what makes `reinvocationPolicy: IfNeeded`
+//! and the empty second patch work. The report is the one account of a mutation: the
+//! webhook's warnings, `tollgate review` and the audit's findings are all drawn from it.
 
 pub mod default_resources;
 pub mod driver_mounts;
 pub mod metrics_sidecar;
 pub mod tolerations;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Toleration};
+use serde_json::{json, Value};
 
 use crate::cluster::Offline;
 use crate::gpu::Gpus;
@@ -52,8 +55,127 @@ impl Step {
 pub struct Outcome {
     /// Steps that changed the pod in this pass, in order.
     pub applied: Vec<Step>,
+    /// What each step added, in the order it added it.
+    pub added: Vec<(Step, Added)>,
     /// Messages for the user (kubectl prints them).
     pub warnings: Vec<String>,
+}
+
+impl Outcome {
+    /// What `step` added.
+    pub fn added_by(&self, step: Step) -> impl Iterator<Item = &Added> {
+        self.added
+            .iter()
+            .filter(move |(s, _)| *s == step)
+            .map(|(_, a)| a)
+    }
+}
+
+/// One thing a mutation step added to a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Added {
+    /// A toleration, as the pod spec writes it.
+    Toleration(Value),
+    Volume(String),
+    VolumeMount {
+        container: String,
+        name: String,
+        mount_path: String,
+    },
+    /// A variable the container did not set (one it set may be extended; that is not an
+    /// addition).
+    Env {
+        container: String,
+        name: String,
+    },
+    /// A container the pod did not have; `native`: as an init container with
+    /// `restartPolicy: Always`.
+    Container {
+        name: String,
+        native: bool,
+    },
+    Limit {
+        container: String,
+        resource: String,
+        value: String,
+    },
+}
+
+impl Added {
+    /// A toleration added, as JSON.
+    pub fn toleration(t: &Toleration) -> Added {
+        // A typed toleration always serialises.
+        Added::Toleration(serde_json::to_value(t).unwrap_or(Value::Null))
+    }
+
+    /// As the audit's JSON output writes it.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Added::Toleration(v) => json!({"kind": "toleration", "value": v}),
+            Added::Volume(n) => json!({"kind": "volume", "name": n}),
+            Added::VolumeMount {
+                container,
+                name,
+                mount_path,
+            } => {
+                json!({"kind": "volumeMount", "container": container, "name": name, "mountPath": mount_path})
+            }
+            Added::Env { container, name } => {
+                json!({"kind": "env", "container": container, "name": name})
+            }
+            Added::Container { name, native } => json!({
+                "kind": "container",
+                "name": name,
+                "as": if *native { "nativeSidecar" } else { "container" },
+            }),
+            Added::Limit {
+                container,
+                resource,
+                value,
+            } => {
+                json!({"kind": "limit", "container": container, "resource": resource, "value": value})
+            }
+        }
+    }
+
+    /// In words, for a person: `toleration nvidia.com/gpu (Exists, NoSchedule)`.
+    pub fn describe(&self) -> String {
+        match self {
+            Added::Toleration(v) => {
+                let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("");
+                let mut t = format!("toleration {}", s("key"));
+                if !s("value").is_empty() {
+                    t.push_str(&format!("={}", s("value")));
+                }
+                let effect = if s("effect").is_empty() {
+                    "any effect"
+                } else {
+                    s("effect")
+                };
+                t.push_str(&format!(" ({}, {effect})", s("operator")));
+                t
+            }
+            Added::Volume(n) => format!("volume {n:?}"),
+            Added::VolumeMount {
+                container,
+                name,
+                mount_path,
+            } => format!("mount of {name:?} at {mount_path} in container {container:?}"),
+            Added::Env { container, name } => format!("env {name} in container {container:?}"),
+            Added::Container { name, native } => {
+                if *native {
+                    format!("sidecar {name:?} (native sidecar)")
+                } else {
+                    format!("container {name:?}")
+                }
+            }
+            Added::Limit {
+                container,
+                resource,
+                value,
+            } => format!("limit {resource}: {value} on container {container:?}"),
+        }
+    }
 }
 
 /// Whether the policy treats this pod, with these GPUs, as a training pod.
@@ -90,7 +212,7 @@ pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>, profile: Option<&
         (
             Step::MetricsSidecar,
             m.metrics_sidecar.enabled,
-            |policy, _, pod, warnings| metrics_sidecar::ensure(policy, pod, warnings),
+            |policy, _, pod, added, warnings| metrics_sidecar::apply(policy, pod, added, warnings),
         ),
         (
             Step::DefaultResources,
@@ -98,20 +220,24 @@ pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>, profile: Option<&
             default_resources::apply,
         ),
     ];
+    let mut added = Vec::new();
     for (step, enabled, apply) in steps {
-        if enabled && apply(policy, gpus, pod, &mut out.warnings) {
+        if enabled && apply(policy, gpus, pod, &mut added, &mut out.warnings) {
             out.applied.push(step);
         }
+        out.added.extend(added.drain(..).map(|a| (step, a)));
     }
     let classes: Vec<&str> = gpus.classes.iter().map(|c| c.name).collect();
     record_applied(policy, pod, &out.applied, &classes, profile);
     out
 }
 
-/// A step as [`mutate`] runs it, with the pod's GPUs.
-type StepFn = fn(&Policy, &Gpus<'_>, &mut Pod, &mut Vec<String>) -> bool;
+/// A step as [`mutate`] runs it, with the pod's GPUs: it records what it added and warns,
+/// and says whether it changed the pod.
+type StepFn = fn(&Policy, &Gpus<'_>, &mut Pod, &mut Vec<Added>, &mut Vec<String>) -> bool;
 
-/// A step on its own: it reads the pod's GPUs itself, without a cluster context (tests).
+/// A step on its own: it reads the pod's GPUs itself, without a cluster context, and
+/// keeps only its warnings (the steps' own tests).
 pub(crate) fn alone(
     apply: StepFn,
     policy: &Policy,
@@ -119,7 +245,7 @@ pub(crate) fn alone(
     warnings: &mut Vec<String>,
 ) -> bool {
     let gpus = Gpus::of(policy, pod, "", &Offline);
-    apply(policy, &gpus, pod, warnings)
+    apply(policy, &gpus, pod, &mut Vec::new(), warnings)
 }
 
 /// One item of the applied annotation: a step, the GPU class it recognised

@@ -11,6 +11,7 @@
 
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 
+use super::Added;
 use crate::gpu::Gpus;
 use crate::policy::Policy;
 
@@ -19,7 +20,13 @@ pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> boo
     super::alone(apply, policy, pod, warnings)
 }
 
-pub fn apply(_: &Policy, gpus: &Gpus<'_>, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
+pub fn apply(
+    _: &Policy,
+    gpus: &Gpus<'_>,
+    pod: &mut Pod,
+    added: &mut Vec<Added>,
+    warnings: &mut Vec<String>,
+) -> bool {
     let Some(spec) = pod.spec.as_mut() else {
         return false;
     };
@@ -35,6 +42,7 @@ pub fn apply(_: &Policy, gpus: &Gpus<'_>, pod: &mut Pod, warnings: &mut Vec<Stri
             wanted.class.name,
             wanted.because
         ));
+        added.push(Added::toleration(&wanted.toleration));
         spec.tolerations
             .get_or_insert_with(Vec::new)
             .push(wanted.toleration);
@@ -107,7 +115,7 @@ mod tests {
             "containers": [{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
             "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}],
         }}));
-        assert!(ensure(&Policy::default(), &mut p, &mut vec![]));
+        assert!(ensure(&Policy::builtin(), &mut p, &mut vec![]));
         let keys: Vec<_> = p
             .spec
             .as_ref()
@@ -127,7 +135,7 @@ mod tests {
             ]
         );
         assert!(
-            !ensure(&Policy::default(), &mut p, &mut vec![]),
+            !ensure(&Policy::builtin(), &mut p, &mut vec![]),
             "idempotent"
         );
     }
@@ -140,7 +148,7 @@ mod tests {
             json!([{"operator": "Exists"}]),
         ] {
             let mut p = gpu_pod(t.clone());
-            assert!(!ensure(&Policy::default(), &mut p, &mut vec![]), "{t}");
+            assert!(!ensure(&Policy::builtin(), &mut p, &mut vec![]), "{t}");
         }
         // An Equal toleration for one value, or another effect, does not cover every GPU node.
         for t in [
@@ -148,7 +156,7 @@ mod tests {
             json!([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}]),
         ] {
             let mut p = gpu_pod(t.clone());
-            assert!(ensure(&Policy::default(), &mut p, &mut vec![]), "{t}");
+            assert!(ensure(&Policy::builtin(), &mut p, &mut vec![]), "{t}");
         }
     }
 
@@ -157,8 +165,8 @@ mod tests {
         let mut p = pod(
             json!({"spec": {"containers": [{"name": "t", "resources": {"limits": {"example.com/fpga": "1"}}}]}}),
         );
-        assert!(!ensure(&Policy::default(), &mut p, &mut vec![]));
-        let mut policy = Policy::default();
+        assert!(!ensure(&Policy::builtin(), &mut p, &mut vec![]));
+        let mut policy = Policy::builtin();
         policy.gpu.all_extended_resources = true;
         assert!(ensure(&policy, &mut p, &mut vec![]));
     }

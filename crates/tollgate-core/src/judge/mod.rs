@@ -1,0 +1,199 @@
+//! One judgement: a pod decided the way a cluster with both webhooks decides it.
+//!
+//! The mutating webhook (the opt-out, the pod's GPUs, the steps for a training pod, the
+//! patch), the apiserver's defaulting between the two webhooks, and the validating
+//! webhook (the opt-out again, the required requests), in that order, on one typed pod,
+//! with the opt-out decided once for both. Every route that judges a pod comes here: the
+//! `/mutate` and `/validate` endpoints ask for one webhook each, a workload's templates,
+//! `tollgate review --stage all` and the audit for both. What each route shows (an
+//! AdmissionReview, a workload's message, an audit finding) is drawn from the one
+//! [`Judgement`]: what each mutation step added, the decision and its reasons, the opt-out
+//! as decided, the profile.
+//!
+//! Pure and synchronous, like the rest of the engine: what the cluster holds comes in
+//! through [`Cluster`], already in memory.
+
+pub mod additions;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::cluster::{Cluster, ObjectKey};
+use crate::gpu::Gpus;
+use crate::mutate::{self, Outcome};
+use crate::optout::{self, OptOut};
+use crate::policy::{Operation, Policy};
+use crate::requester::Requester;
+use crate::validate::{self, Decision};
+use crate::{diff, pod};
+
+/// Which webhooks judge the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stages {
+    /// The mutating webhook alone (`/mutate`).
+    Mutate,
+    /// The validating webhook alone, on the pod as sent (`/validate`: the apiserver has
+    /// mutated and defaulted it already).
+    Validate,
+    /// Both, with the apiserver's defaulting between them.
+    Both,
+}
+
+impl Stages {
+    fn mutates(self) -> bool {
+        matches!(self, Stages::Mutate | Stages::Both)
+    }
+
+    fn validates(self) -> bool {
+        matches!(self, Stages::Validate | Stages::Both)
+    }
+}
+
+/// What is judged besides the pod: the policy in force for it, who asks, and how.
+#[derive(Debug, Clone)]
+pub struct Subject<'a, 'p> {
+    /// The policy for this pod: its profile's, or the base.
+    pub policy: &'p Policy,
+    /// The profile that chose `policy` (None: the base).
+    pub profile: Option<&'p str>,
+    pub who: Requester<'a>,
+    pub operation: Operation,
+    /// The opt-out, when whoever asks decided it (a workload, for the pods its template
+    /// makes, whose requester is not the pod's); None: decided here, for `who`.
+    pub opt_out: Option<OptOut>,
+}
+
+/// What the mutating webhook made of the pod.
+#[derive(Debug, Clone, Default)]
+pub struct Mutation {
+    /// The steps that changed the pod and what each added (nothing for a pod that is not
+    /// a training pod, or whose opt-out was honoured).
+    pub outcome: Outcome,
+    /// The JSON patch, as text, when one was asked for and the pod changed.
+    pub patch: Option<Vec<u8>>,
+    /// For the user, in order: the pod's GPUs (a claim not found, ...), then the steps.
+    pub warnings: Vec<String>,
+    /// An honoured opt-out: the audit annotation's value (the pod was left alone).
+    pub opted_out: Option<String>,
+}
+
+/// Everything one pod's judgement found.
+#[derive(Debug, Clone)]
+pub struct Judgement {
+    /// The profile applied (None: the base policy).
+    pub profile: Option<String>,
+    /// The opt-out as decided (None: neither webhook asked).
+    pub opt_out: Option<OptOut>,
+    /// None when the mutating webhook did not run (not asked, or an operation the policy
+    /// does not mutate).
+    pub mutation: Option<Mutation>,
+    /// None when the validating webhook did not run.
+    pub validation: Option<Decision>,
+    /// Objects the cluster context did not know (a claim created a moment ago): the shell
+    /// may fetch them and judge again.
+    pub unresolved: Vec<ObjectKey>,
+}
+
+impl Judgement {
+    /// Whether the validating webhook refused the pod.
+    pub fn refused(&self) -> bool {
+        self.validation.as_ref().is_some_and(|d| !d.allowed)
+    }
+}
+
+/// Judges `pod` through `stages`: mutated in place (and, with both stages, defaulted as the
+/// apiserver would before validation). `patch`: whether to compute the JSON patch (the
+/// mutating webhook's answer; the other routes read what each step added).
+pub fn pod(
+    s: &Subject<'_, '_>,
+    cluster: &dyn Cluster,
+    pod: &mut Pod,
+    stages: Stages,
+    patch: bool,
+) -> Judgement {
+    let policy = s.policy;
+    let mut j = Judgement {
+        profile: s.profile.map(str::to_owned),
+        opt_out: None,
+        mutation: None,
+        validation: None,
+        unresolved: vec![],
+    };
+    let decide = |pod: &Pod| {
+        s.opt_out
+            .clone()
+            .unwrap_or_else(|| optout::decide(policy, pod, &s.who))
+    };
+    if stages.mutates() && policy.mutation.operations.contains(&s.operation) {
+        let opt_out = decide(pod);
+        j.mutation = Some(mutation(
+            s,
+            cluster,
+            pod,
+            &opt_out,
+            patch,
+            &mut j.unresolved,
+        ));
+        j.opt_out = Some(opt_out);
+    }
+    if stages.validates() {
+        if stages == Stages::Both {
+            // The apiserver's defaulting between the two webhooks: a limit without a
+            // request becomes the request.
+            pod::default_requests(pod);
+        }
+        j.validation = Some(if validate::judges(policy, s.operation) {
+            let opt_out = j.opt_out.take().unwrap_or_else(|| decide(pod));
+            let d = validate::judge(policy, pod, &s.who, opt_out.clone());
+            j.opt_out = Some(opt_out);
+            d
+        } else {
+            Decision::skipped()
+        });
+    }
+    j
+}
+
+/// The mutating webhook on a pod whose opt-out is decided.
+fn mutation(
+    s: &Subject<'_, '_>,
+    cluster: &dyn Cluster,
+    pod: &mut Pod,
+    opt_out: &OptOut,
+    patch: bool,
+    unresolved: &mut Vec<ObjectKey>,
+) -> Mutation {
+    let policy = s.policy;
+    let mut m = Mutation::default();
+    if *opt_out == OptOut::Honoured {
+        m.opted_out = Some(optout::audit_note_for(
+            policy,
+            pod.metadata.annotations.as_ref(),
+            &s.who,
+        ));
+        return m;
+    }
+    let gpus = Gpus::of(policy, pod, s.who.namespace, cluster);
+    m.warnings.extend(gpus.warnings.iter().cloned());
+    unresolved.extend(gpus.unresolved.iter().cloned());
+    if !mutate::is_training_pod(policy, pod, &gpus) {
+        return m;
+    }
+    let before = patch.then(|| diff::Snapshot::of(pod));
+    m.outcome = mutate::mutate(policy, pod, &gpus, s.profile);
+    m.warnings.append(&mut m.outcome.warnings);
+    let Some(before) = before else {
+        return m;
+    };
+    match before.and_then(|b| diff::patch_text(&b, &diff::Snapshot::of(pod)?)) {
+        Ok(p) => m.patch = p,
+        // Writing a typed pod as JSON does not fail; if it ever did, the pod goes in as it
+        // came rather than being refused over tollgate's own trouble.
+        Err(e) => {
+            m.warnings.push(format!(
+                "tollgate: could not compute its changes ({e}); the pod was allowed unchanged"
+            ));
+            m.outcome = Outcome::default();
+        }
+    }
+    m
+}

@@ -1,0 +1,414 @@
+//! The policy's types: its schema, as serde reads it.
+//!
+//! No defaults live here: every section's values come from the built-in text
+//! (`policies/default.yaml`), which a user's file is merged over (see `load`). What a
+//! section may leave out is only what is empty when left out (a class's mounts, a
+//! profile's sections), and, for an item of a list (which a file writes whole), the
+//! item's documented default (a mount's `type`, an env entry's `separator`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::glob::Glob;
+use crate::quantity;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Policy {
+    /// Which extended resources count as GPUs.
+    pub gpu: GpuPolicy,
+    /// Which pods are training pods (the ones that get mutated).
+    pub selection: Selection,
+    /// The opt-out annotation and where it is honoured.
+    pub opt_out: OptOut,
+    pub mutation: Mutation,
+    pub validation: Validation,
+    /// The workloads whose pod templates are judged before their pods exist.
+    pub workloads: Workloads,
+    /// Named profiles, in order: the first whose `match` fits a pod is applied over the
+    /// rest of the policy for that pod (see [`Profile`]). None when left out.
+    #[serde(default)]
+    pub profiles: Vec<Profile>,
+}
+
+/// A part of the policy that applies "here, differently": for the pods its `match` fits,
+/// the policy is this profile's sections merged over the base policy (every field of it,
+/// defaults included). The merge rule: a map merges key by key, anything else (a list, a
+/// string, a number, a boolean) replaces, and `null` puts the built-in default back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Profile {
+    /// Named in logs, metrics, the applied annotation and `tollgate review`.
+    pub name: String,
+    /// Which pods the profile is for. Every criterion given must hold.
+    #[serde(rename = "match", default)]
+    pub matches: ProfileMatch,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selection: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opt_out: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mutation: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workloads: Option<Value>,
+    /// The whole policy for the pods this profile fits, merged and checked at load.
+    #[serde(skip)]
+    pub resolved: Option<Box<Policy>>,
+}
+
+impl Profile {
+    /// The policy for the pods this profile fits (resolved when the policy was loaded).
+    pub fn policy(&self) -> Option<&Policy> {
+        self.resolved.as_deref()
+    }
+}
+
+/// Which pods a profile is for: namespaces by name or glob, namespace labels and pod labels
+/// (label selectors as Kubernetes writes them). An absent criterion holds for every pod.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ProfileMatch {
+    /// Namespace names or globs (`*`, `?`); the profile fits a pod in any of them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<Glob>,
+    /// The labels of the pod's namespace, from the cluster context.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// The pod's labels.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
+}
+
+/// The name the metrics, logs and annotations give the policy without a profile.
+pub const BASE_PROFILE: &str = "base";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuPolicy {
+    /// The GPU classes, by name: what a pod of each asks for, and what it gets.
+    pub classes: BTreeMap<String, GpuClass>,
+    /// Treat every other extended resource (a name with a domain outside kubernetes.io) as
+    /// a GPU of its own, as the built-in ExtendedResourceToleration admission plugin does:
+    /// the toleration `{key: <resource>, operator: Exists, effect: NoSchedule}`, no driver.
+    pub all_extended_resources: bool,
+    /// Replaced by `classes`; a policy that sets it is refused with a message saying so.
+    #[serde(default, skip_serializing)]
+    pub resources: Option<Value>,
+}
+
+/// A kind of GPU: how a pod asks for it, and what tollgate gives a pod that does.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct GpuClass {
+    /// Extended resources of this class: names (`nvidia.com/gpu`) or patterns
+    /// (`nvidia.com/mig-*`). The implicit names `deviceclass.resource.kubernetes.io/<class>`
+    /// of `deviceClasses` belong to the class too.
+    pub resources: Vec<Glob>,
+    /// DRA device classes (`resource.k8s.io/v1`) whose devices are GPUs of this class.
+    pub device_classes: Vec<String>,
+    /// The tolerations a pod of this class gets. Absent: for each resource it asks for,
+    /// `{key: <resource>, operator: Exists, effect: NoSchedule}` (and none for DRA claims).
+    pub tolerations: Option<Vec<Toleration>>,
+    /// How the driver reaches the container: `runtime` (the device plugin, DRA driver or
+    /// CDI injects it) or `hostPath` (tollgate mounts `mounts` and sets `env`).
+    pub driver: Driver,
+    /// With `driver: hostPath`: the node's directories, mounted read-only into each
+    /// container that uses a GPU of this class.
+    pub mounts: Vec<HostMount>,
+    /// With `driver: hostPath`: environment for those containers.
+    pub env: Vec<EnvEntry>,
+    /// Default limits per GPU of this class, over `mutation.defaultResources.perGpu` key by
+    /// key. A MIG slice counts as one GPU; a DRA request as its device count.
+    pub per_gpu: BTreeMap<String, Quantity>,
+}
+
+impl GpuClass {
+    /// Whether this class covers the extended resource `name`.
+    pub fn covers_resource(&self, name: &str) -> bool {
+        self.resources.iter().any(|g| g.matches(name))
+            || name
+                .strip_prefix(quantity::IMPLICIT_DRA_PREFIX)
+                .is_some_and(|dc| self.device_classes.iter().any(|c| c == dc))
+    }
+
+    /// Whether this class covers the DRA device class `name`.
+    pub fn covers_device_class(&self, name: &str) -> bool {
+        self.device_classes.iter().any(|c| c == name)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Driver {
+    /// The runtime puts the driver in the container: nothing to mount.
+    #[default]
+    Runtime,
+    /// tollgate mounts the node's driver directories (hostPath volumes).
+    HostPath,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Selection {
+    /// A pod carrying any of these label keys (any value) is a training pod.
+    pub workload_labels: Vec<String>,
+    /// A pod with this annotation set to "true" is a training pod.
+    pub training_annotation: String,
+    /// A pod that requests any GPU resource is a training pod.
+    pub gpu_pods: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OptOut {
+    /// The pod annotation that asks to skip tollgate (value "true").
+    pub annotation: String,
+    /// Namespaces (names or globs with `*` and `?`) where the opt-out is honoured.
+    pub namespaces: Vec<Glob>,
+    /// Requesting users (globs) whose opt-out is honoured. With `groups`, empty means anyone.
+    pub users: Vec<Glob>,
+    /// Requesting groups (globs) whose opt-out is honoured. With `users`, empty means anyone.
+    pub groups: Vec<Glob>,
+    /// The controllers' service accounts (globs over the requesting user): an object they
+    /// request was made from a template of a workload, so its opt-out was judged there. It
+    /// is honoured only when the template carried tollgate's approval, `users` and
+    /// `groups` notwithstanding.
+    pub controllers: Vec<Glob>,
+    /// The annotation with which the mutating webhook approves the opt-out of a workload's
+    /// pod template: its value is the user whose opt-out was honoured. Only tollgate sets
+    /// it; what a user writes there is removed, or refused.
+    pub approval_annotation: String,
+}
+
+/// Workloads: the objects whose pod templates controllers turn into pods. Their templates
+/// are judged when the workload is created or its templates change, as the pods they
+/// will make would be.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Workloads {
+    /// false: workloads are allowed unchanged, and only their pods are judged.
+    pub enabled: bool,
+    /// The kinds, with where their pod templates are and the labels their controllers add
+    /// to the pods. Writing `kinds` replaces the whole list.
+    pub kinds: Vec<WorkloadKind>,
+}
+
+/// One kind of workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WorkloadKind {
+    /// The API group (`""` is core), version and kind, as the review's `request.kind`.
+    #[serde(default)]
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+    /// Where the pod templates are.
+    pub templates: Vec<TemplateSpec>,
+    /// Labels the controller adds to every pod (values may use `{name}`, the workload's
+    /// name, `{template}` and `{template-lower}`, the template's name as found and in
+    /// lower case).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Where one kind of template is, and how messages name it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TemplateSpec {
+    /// A path (see `template_path`): keys, `*` for every member of a map, `key[*]` for
+    /// every element of a list.
+    pub path: String,
+    /// How a message names the template: this word, then the name the path's `*` or `[*]`
+    /// found (`replica Worker`), or `name` for a path without one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub noun: String,
+    /// The template's name where the path does not fan out (`leader`, `head`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// Labels the controller adds to the pods of this template only, over the kind's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl WorkloadKind {
+    /// The word messages use for the workload: its kind in lower case (`pytorchjob`).
+    pub fn noun(&self) -> String {
+        self.kind.to_ascii_lowercase()
+    }
+}
+
+impl Workloads {
+    /// The kind a review's `request.kind` names, if the policy lists it.
+    pub fn kind(&self, group: &str, version: &str, kind: &str) -> Option<&WorkloadKind> {
+        self.kinds
+            .iter()
+            .find(|k| k.kind == kind && k.group == group && k.version == version)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Mutation {
+    /// Which operations are mutated.
+    pub operations: Vec<Operation>,
+    /// Annotation recording the steps applied to a pod.
+    pub applied_annotation: String,
+    pub gpu_tolerations: GpuTolerations,
+    pub driver_mounts: DriverMounts,
+    pub metrics_sidecar: MetricsSidecar,
+    pub default_resources: DefaultResources,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Operation {
+    #[serde(rename = "CREATE")]
+    Create,
+    #[serde(rename = "UPDATE")]
+    Update,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuTolerations {
+    pub enabled: bool,
+    /// Replaced by `gpu.classes.<class>.tolerations`; refused with a message saying so.
+    #[serde(default, skip_serializing)]
+    pub effect: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DriverMounts {
+    pub enabled: bool,
+    /// Every volume tollgate adds has a name starting with this prefix.
+    pub volume_prefix: String,
+    /// Replaced by `gpu.classes.<class>.mounts` and `.env`; refused with a message.
+    #[serde(default, skip_serializing)]
+    pub resources: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HostMount {
+    /// Volume name; must start with the volume prefix.
+    pub name: String,
+    /// Directory on the node.
+    pub host_path: String,
+    /// hostPath type, e.g. Directory or DirectoryOrCreate.
+    #[serde(default = "default_host_path_type")]
+    pub r#type: String,
+    /// Where it appears in the container (always read-only).
+    pub mount_path: String,
+}
+
+fn default_host_path_type() -> String {
+    "Directory".into()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnvEntry {
+    pub name: String,
+    pub value: String,
+    /// What to do when the container already sets this variable.
+    #[serde(default)]
+    pub if_present: IfPresent,
+    /// Separator for append and prepend.
+    #[serde(default = "default_separator")]
+    pub separator: String,
+}
+
+fn default_separator() -> String {
+    ":".into()
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum IfPresent {
+    /// Leave the user's value alone.
+    #[default]
+    Keep,
+    /// Add ours after the user's value, separated by `separator`.
+    Append,
+    /// Add ours before the user's value, separated by `separator`.
+    Prepend,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MetricsSidecar {
+    pub enabled: bool,
+    /// `native`: an init container with restartPolicy Always (Kubernetes 1.29+), which lets
+    /// a Job's pod complete. `classic`: a regular container, for older clusters.
+    pub mode: SidecarMode,
+    /// The container to inject (a core/v1 Container).
+    pub container: Container,
+    /// Pod annotations to add (existing values are kept).
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SidecarMode {
+    Native,
+    Classic,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DefaultResources {
+    pub enabled: bool,
+    /// Default limits (cpu, memory) for containers that set none.
+    pub limits: BTreeMap<String, Quantity>,
+    /// Defaults per GPU requested by the container (cpu, memory), used instead of `limits`
+    /// for GPU containers: 8 GPUs with `memory: 32Gi` gives a 256Gi limit.
+    pub per_gpu: BTreeMap<String, Quantity>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Validation {
+    pub enabled: bool,
+    /// enforce (deny), warn (allow with warnings) or audit (allow, audit annotation and log).
+    pub mode: Mode,
+    /// Operations judged; the others are allowed.
+    pub operations: Vec<Operation>,
+    /// Resources every container must request.
+    pub required_requests: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Mode {
+    Enforce,
+    Warn,
+    Audit,
+}
+
+impl Policy {
+    /// Whether a profile selects pods by their labels (which the validation parse then
+    /// reads).
+    pub fn selects_pods_by_labels(&self) -> bool {
+        self.profiles
+            .iter()
+            .any(|p| p.matches.pod_selector.is_some())
+    }
+
+    /// The first profile that matches on namespace labels, which only a cluster context
+    /// (or `tollgate review`'s input) knows.
+    pub fn needs_namespace_labels(&self) -> Option<&str> {
+        self.profiles
+            .iter()
+            .find(|p| p.matches.namespace_selector.is_some())
+            .map(|p| p.name.as_str())
+    }
+}
