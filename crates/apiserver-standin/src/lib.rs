@@ -4,8 +4,8 @@
 //! cluster-reading features (reflector caches, `audit`'s paged lists, PolicyReports, the
 //! leader Lease) must be tested against something that answers the way the real server
 //! does: kube-rs's own `Client`, `Api` and `runtime::watcher` run against it unchanged, so
-//! the code under test is the code that runs against a cluster. `tests/apiserver_standin.rs`
-//! holds it to that with kube-rs itself.
+//! the code under test is the code that runs against a cluster. The crate's own test,
+//! `tests/conformance.rs`, holds it to that with kube-rs itself.
 //!
 //! What it is: HTTPS (rustls, a throwaway CA) on 127.0.0.1, the resource paths of the
 //! resources a test registers, objects as JSON in one store with one global, strictly
@@ -14,8 +14,11 @@
 //! streaming lists), create, update, patch and delete with the real status codes and
 //! `Status` bodies. What it knowingly leaves out is listed in `KNOWN_GAPS`.
 //!
-//! Include it with `#[path = "support/apiserver.rs"] mod apiserver;`.
-#![allow(dead_code)]
+//! A test takes it as a dev-dependency (the root package's integration tests do, as
+//! `use tollgate_apiserver_standin as apiserver;`), starts one with [`ApiServer::start`] or
+//! [`ApiServer::builder`], and points kube at it with [`ApiServer::client`], or a command
+//! with [`ApiServer::write_kubeconfig`].
+#![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
@@ -25,17 +28,21 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::body::Body;
 use base64::Engine as _;
 use bytes::Bytes;
-use http_body_util::BodyExt as _;
-use hyper::body::Incoming;
+use futures::TryStreamExt as _;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde::ser::SerializeMap as _;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -621,12 +628,6 @@ fn fault_error(
     }
     e.retry_after = fault.retry_after;
     e
-}
-
-enum Write {
-    Create,
-    Update,
-    Delete,
 }
 
 impl State {
@@ -1378,11 +1379,21 @@ impl serde::Serialize for Untyped<'_> {
     }
 }
 
+/// A response body: whole, or a watch's stream of chunks (an error in which cuts the
+/// connection).
+type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
 fn json_response(code: u16, body: Vec<u8>) -> Response<Body> {
     Response::builder()
         .status(code)
         .header(CONTENT_TYPE, "application/json")
-        .body(Body::from(body))
+        .body(full(body))
         .unwrap()
 }
 
@@ -1533,7 +1544,7 @@ async fn respond(
             return Ok(Response::builder()
                 .status(200)
                 .header(CONTENT_TYPE, "text/plain; charset=utf-8")
-                .body(Body::from("ok"))
+                .body(full("ok"))
                 .unwrap())
         }
         _ => {}
@@ -2251,7 +2262,7 @@ fn watch(
     Ok(Response::builder()
         .status(200)
         .header(CONTENT_TYPE, "application/json")
-        .body(Body::from_stream(body))
+        .body(StreamBody::new(body.map_ok(Frame::data)).boxed_unsync())
         .unwrap())
 }
 
@@ -2392,20 +2403,14 @@ impl Builder {
     }
 
     pub async fn start(self) -> ApiServer {
-        let names = ["127.0.0.1".to_owned(), "localhost".to_owned()];
-        let bundle = tollgate::certs::generate(&names, 1).expect("certificates");
-        let certs: Vec<CertificateDer<'static>> =
-            CertificateDer::pem_slice_iter(bundle.cert_pem.as_bytes())
-                .collect::<Result<_, _>>()
-                .expect("serving certificate");
-        let key = PrivateKeyDer::from_pem_slice(bundle.key_pem.as_bytes()).expect("key");
+        let certs = Certificates::generate();
         let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
         .expect("protocol versions")
         .with_no_client_auth()
-        .with_single_cert(certs, key)
+        .with_single_cert(vec![certs.cert_der], certs.key_der)
         .expect("TLS config");
         tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
@@ -2457,17 +2462,58 @@ impl Builder {
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         let task = tokio::spawn(serve(listener, acceptor, shared.clone(), stop_rx));
-        let ca_der = CertificateDer::from_pem_slice(bundle.ca_pem.as_bytes())
-            .expect("CA")
-            .to_vec();
         ApiServer {
             shared,
             addr,
-            ca_pem: bundle.ca_pem,
-            ca_der,
+            ca_pem: certs.ca_pem,
+            ca_der: certs.ca_der.to_vec(),
             token: self.token,
             stop: Mutex::new(Some(stop_tx)),
             task: Mutex::new(Some(task)),
+        }
+    }
+}
+
+/// A throwaway CA and the serving certificate it signs for 127.0.0.1 and localhost, as
+/// `tollgate certs` makes them (ECDSA P-256), valid from 1975 to 4096 (rcgen's defaults).
+struct Certificates {
+    ca_pem: String,
+    ca_der: CertificateDer<'static>,
+    cert_der: CertificateDer<'static>,
+    key_der: PrivateKeyDer<'static>,
+}
+
+impl Certificates {
+    fn generate() -> Self {
+        let dn = |cn: &str| {
+            let mut d = DistinguishedName::new();
+            d.push(DnType::CommonName, cn);
+            d.push(DnType::OrganizationName, "tollgate");
+            d
+        };
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        ca.distinguished_name = dn("apiserver stand-in CA");
+        let ca_cert = ca.self_signed(&ca_key).expect("CA certificate");
+        let issuer = Issuer::new(ca, ca_key);
+
+        let key = KeyPair::generate().expect("serving key");
+        let mut leaf = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .expect("serving parameters");
+        leaf.distinguished_name = dn("127.0.0.1");
+        leaf.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = leaf.signed_by(&key, &issuer).expect("serving certificate");
+        Certificates {
+            ca_pem: ca_cert.pem(),
+            ca_der: ca_cert.der().clone(),
+            cert_der: cert.der().clone(),
+            key_der: PrivatePkcs8KeyDer::from(key.serialize_der()).into(),
         }
     }
 }
