@@ -2,8 +2,6 @@
 //! golden pods judged as `tollgate review` and the goldens judge them, the three output
 //! formats, the exit statuses and their one-line errors, paged lists with flat memory.
 
-#[path = "support/apiserver.rs"]
-mod apiserver;
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -13,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use apiserver::{ApiServer, Fault, ResourceType, Verb};
 use serde_json::{json, Value};
+use tollgate_apiserver_standin as apiserver;
 
 /// Runs the binary (on a blocking thread: the stand-in answers on this runtime).
 async fn tollgate(args: Vec<String>) -> Output {

@@ -3,8 +3,6 @@
 //! `tollgate_audit_*` metrics; one writer at a time under the Lease, with two servers on
 //! one stand-in told apart by their bearer tokens in its request log; the pacing.
 
-#[path = "support/apiserver.rs"]
-mod apiserver;
 mod common;
 
 use std::time::{Duration, Instant};
@@ -13,6 +11,7 @@ use apiserver::{ApiServer, RequestRecord, Verb};
 use common::net::{self, TestServer};
 use serde_json::{json, Value};
 use tollgate::server::{AuditOptions, ClusterOptions};
+use tollgate_apiserver_standin as apiserver;
 
 fn pod(ns: &str, name: &str, containers: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",

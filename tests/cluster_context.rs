@@ -2,8 +2,6 @@
 //! cluster runs (kube's client, watcher and reflector; real TLS to the webhook), over the
 //! protocol the stand-in holds to (pages, watches, bookmarks, 410s, faults).
 
-#[path = "support/apiserver.rs"]
-mod apiserver;
 mod common;
 
 use std::time::{Duration, Instant};
@@ -12,6 +10,7 @@ use apiserver::{ApiServer, Fault, Verb};
 use common::net::{self, Client, TestServer};
 use serde_json::{json, Value};
 use tollgate::server::ClusterOptions;
+use tollgate_apiserver_standin as apiserver;
 
 const NS: &str = "ml-cap2-1796114155";
 

@@ -3,8 +3,6 @@
 //!
 //! Every test that renders needs `kubectl` on PATH; without it they print why and pass.
 
-#[path = "support/apiserver.rs"]
-mod apiserver;
 mod common;
 
 use std::io::Write as _;
@@ -13,6 +11,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use serde_json::Value;
+use tollgate_apiserver_standin as apiserver;
 
 const NAMESPACE: &str = "tollgate-system";
 

@@ -4,8 +4,6 @@
 //!
 //! The rendering tests need `kubectl` on PATH; without it they print why and pass.
 
-#[path = "support/apiserver.rs"]
-mod apiserver;
 mod common;
 
 use std::collections::BTreeSet;
@@ -16,6 +14,7 @@ use std::sync::OnceLock;
 
 use common::net::{self, Client};
 use serde_json::Value;
+use tollgate_apiserver_standin as apiserver;
 
 fn kubectl_available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();

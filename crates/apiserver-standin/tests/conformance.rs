@@ -1,15 +1,10 @@
-//! The apiserver stand-in (`tests/support/apiserver.rs`) held to the real protocol by
-//! kube-rs itself: its client, `Api`, `runtime::watcher` and `reflector` run against it
-//! unchanged, so what the shell's cluster-reading code does against it is what it does
-//! against a cluster.
-
-#[path = "support/apiserver.rs"]
-mod apiserver;
+//! The apiserver stand-in held to the real protocol by kube-rs itself: its client, `Api`,
+//! `runtime::watcher` and `reflector` run against it unchanged, so what the shell's
+//! cluster-reading code does against it is what it does against a cluster.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use apiserver::{ApiServer, Fault, ResourceType, Verb};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -19,6 +14,7 @@ use kube::api::{
 use kube::runtime::{reflector, watcher, WatchStreamExt as _};
 use kube::ResourceExt as _;
 use serde_json::{json, Value};
+use tollgate_apiserver_standin::{ApiServer, Fault, ResourceType, Verb};
 
 fn pod(ns: &str, name: &str, labels: Value) -> Value {
     json!({
