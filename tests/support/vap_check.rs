@@ -1,5 +1,6 @@
 //! What a kube-apiserver checks when a ValidatingAdmissionPolicy and its binding are
-//! created: a stand-in for tests, since no apiserver runs where they run.
+//! created, and what it spends evaluating one: a stand-in for tests, since no apiserver
+//! runs where they run.
 //!
 //! kubectl's `--validate=strict` (tests/export_kubectl.rs) holds the objects to the OpenAPI
 //! schema only. The apiserver does more before it stores a policy: the strategy's
@@ -23,7 +24,10 @@
 //! - the declarations: the admission variables (`object`, `oldObject`, the typed `request`
 //!   and `namespaceObject`, `authorizer`, `variables`) and a table of every function of the
 //!   Kubernetes environment with its receiver style and signature, by the Kubernetes minor
-//!   version that introduced it.
+//!   version that introduced it;
+//! - a runtime cost count: an evaluator that follows cel-go's runtime cost model
+//!   (`interpreter/runtimecost.go`, Kubernetes' `pkg/cel/library/cost.go`) over concrete
+//!   requests, with the apiserver's per-expression limit and per-evaluation budgets.
 //!
 //! What it is not: cel-go itself. Known approximations are said where they are made and
 //! listed in `KNOWN_GAPS`, and the unit tests at the end show each check refusing what it
@@ -42,6 +46,8 @@ pub const KNOWN_GAPS: &[&str] = &[
      literal validators, resourceNames' path-segment validation",
     "the optional-types library is its latest version from 1.28 on; cel-go's `existsOne` \
      macro is taken to exist at every version",
+    "the cost count walks the expression, not cel-go's plan (see the cost section), and \
+     evaluates only the functions the export uses",
 ];
 
 use std::collections::{BTreeMap, HashMap};
@@ -57,6 +63,16 @@ use serde_json::Value;
 // ---------------------------------------------------------------------------------------
 // Limits, each where Kubernetes sets it.
 
+/// k8s.io/apiserver `pkg/apis/cel/config.go` `PerCallLimit`: the runtime cost one
+/// evaluation of one expression may reach (`cel.CostLimit` in `environment/base.go`).
+pub const PER_CALL_LIMIT: u64 = 1_000_000;
+/// `RuntimeCELCostBudget`: what one policy's evaluation may spend, per filter
+/// (`policy/validating/validator.go`: validations, then messageExpressions with what the
+/// validations left, and auditAnnotations with a budget of their own).
+pub const RUNTIME_CEL_COST_BUDGET: u64 = 10_000_000;
+/// `MaxEvaluatedMessageExpressionSizeBytes`: a longer messageExpression result is dropped
+/// (`validator.go`: "excessively long message denied") and `message` is used instead.
+pub const MAX_EVALUATED_MESSAGE_BYTES: usize = 5 * 1024;
 /// validation.go `maxAuditAnnotations`.
 const MAX_AUDIT_ANNOTATIONS: usize = 20;
 /// validation.go `maxAuditAnnotationValueExpressionLength`, on the trimmed expression.
@@ -1894,7 +1910,7 @@ fn compiled(pattern: &str) -> Option<&'static Regex> {
 
 /// `source` parsed as cel-go's parser would (optional syntax on: `cel.OptionalTypes()`),
 /// once per thread: the exports repeat most expressions, and each is checked at two
-/// versions.
+/// versions and evaluated.
 fn parse(source: &str) -> Result<Rc<IdedExpr>, String> {
     thread_local! {
         static PARSED: std::cell::RefCell<HashMap<String, Result<Rc<IdedExpr>, String>>> =
@@ -2493,6 +2509,840 @@ pub fn check_binding(binding: &Value) -> Vec<FieldError> {
 }
 
 // ---------------------------------------------------------------------------------------
+// Runtime cost: what evaluating the policy spends on a given request.
+//
+// cel-go counts cost while it evaluates (`interpreter/runtimecost.go`, `CostTracker`, over
+// the plan of `interpreter/planner.go`): 1 for each identifier and each field selection or
+// index (`common.SelectAndIdentCost`; an attribute and each of its qualifiers), 1 more for
+// selecting from or indexing what is not itself an attribute (a call's result: the planner
+// wraps it in a relative attribute, observed on its own), 0 for the final selection of a
+// `has()` (Kubernetes sets `PresenceTestHasCost(false)`), 0 for constants, 10 for a list
+// literal and 30 for a map literal (`ListCreateBaseCost`, `MapCreateBaseCost`), nothing
+// for `&&`, `||` and `?:` themselves (only for the operands they evaluate), and for every
+// other call what the Kubernetes estimator (`library/cost.go` `CallCost`) says, else
+// cel-go's default: string traversals at a tenth of a unit per character
+// (`StringTraversalCostFactor`), list membership the list's size, `matches` the string's
+// traversal times a quarter of the pattern's length, and 1 for the rest. A comprehension
+// costs its range, its initial accumulator, each iteration's condition and step, and its
+// result, as its parts are evaluated. Kubernetes evaluates with `cel.OptOptimize`
+// (base.go), whose plan folds a list or map literal of constants into a constant (0, `[]`
+// included) and `x in [constants]` into a set lookup (0 beyond `x`): counted so here.
+//
+// This evaluator computes the values so that sizes are real (a message's concatenations
+// cost what its strings' lengths say) and counts by those rules. It is not cel-go's
+// tracker: it walks the expression rather than cel-go's plan, so where the plan differs in
+// ways not named above the counts may differ by a little; the limits it is held to are two
+// orders of magnitude above what the export spends. It evaluates the functions the export
+// uses; any other call is reported as not evaluable rather than guessed.
+//
+// The apiserver evaluates each variable lazily, once per filter (`composition.go`: a
+// variable's own evaluation is charged to the filter, not to the expression that reads
+// it), so the per-expression figures below are each expression's own cost and the filter
+// totals add the variables it caused to be evaluated.
+
+#[derive(Debug, Clone)]
+pub enum Val {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Uint(u64),
+    Double(f64),
+    Str(Rc<str>),
+    Bytes(Rc<[u8]>),
+    List(Rc<Vec<Val>>),
+    /// Maps with string keys: JSON's objects. (A map literal with other keys is not
+    /// evaluable here; the export builds none.)
+    Map(Rc<BTreeMap<Rc<str>, Val>>),
+    /// A CEL runtime error (no such key, no such overload, ...).
+    Err(Rc<str>),
+}
+
+impl Val {
+    fn err(msg: impl Into<String>) -> Val {
+        Val::Err(msg.into().into())
+    }
+
+    fn str(s: impl Into<String>) -> Val {
+        Val::Str(s.into().into())
+    }
+
+    pub fn from_json(v: &Value) -> Val {
+        match v {
+            Value::Null => Val::Null,
+            Value::Bool(b) => Val::Bool(*b),
+            Value::Number(n) => match n.as_i64() {
+                Some(i) => Val::Int(i),
+                None => Val::Double(n.as_f64().unwrap_or_default()),
+            },
+            Value::String(s) => Val::str(s.as_str()),
+            Value::Array(a) => Val::List(Rc::new(a.iter().map(Val::from_json).collect())),
+            Value::Object(o) => Val::Map(Rc::new(
+                o.iter()
+                    .map(|(k, v)| (k.as_str().into(), Val::from_json(v)))
+                    .collect(),
+            )),
+        }
+    }
+
+    /// `actualSize`: the size of a sizer (a string's code points, bytes, a list's or a
+    /// map's entries), 1 for anything else.
+    fn size(&self) -> u64 {
+        match self {
+            Val::Str(s) => s.chars().count() as u64,
+            Val::Bytes(b) => b.len() as u64,
+            Val::List(l) => l.len() as u64,
+            Val::Map(m) => m.len() as u64,
+            _ => 1,
+        }
+    }
+}
+
+/// CEL equality: numbers compare across types, other values of different types differ.
+fn cel_eq(a: &Val, b: &Val) -> bool {
+    match (a, b) {
+        (Val::Null, Val::Null) => true,
+        (Val::Bool(x), Val::Bool(y)) => x == y,
+        (Val::Str(x), Val::Str(y)) => x == y,
+        (Val::Bytes(x), Val::Bytes(y)) => x == y,
+        (Val::List(x), Val::List(y)) => {
+            x.len() == y.len() && x.iter().zip(y.iter()).all(|(p, q)| cel_eq(p, q))
+        }
+        (Val::Map(x), Val::Map(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| cel_eq(v, w)))
+        }
+        _ => match (num(a), num(b)) {
+            (Some(x), Some(y)) => x == y,
+            _ => false,
+        },
+    }
+}
+
+fn num(v: &Val) -> Option<f64> {
+    match v {
+        Val::Int(i) => Some(*i as f64),
+        Val::Uint(u) => Some(*u as f64),
+        Val::Double(d) => Some(*d),
+        _ => None,
+    }
+}
+
+fn ceil_cost(x: f64) -> u64 {
+    x.ceil() as u64
+}
+
+/// library/cost.go `traversalCost`: a tenth per byte of each string, summed over lists
+/// and maps, truncated.
+fn traversal_cost(v: &Val) -> u64 {
+    match v {
+        Val::Str(s) => (s.len() as f64 * 0.1) as u64,
+        Val::Bytes(b) => (b.len() as f64 * 0.1) as u64,
+        Val::List(l) => l.iter().map(traversal_cost).sum(),
+        Val::Map(m) => m
+            .iter()
+            .map(|(k, v)| (k.len() as f64 * 0.1) as u64 + traversal_cost(v))
+            .sum(),
+        _ => 1,
+    }
+}
+
+/// The cost of one call, from its (receiver first) arguments and result: library/cost.go
+/// `CallCost` first, then runtimecost.go's `costCall` defaults.
+fn call_cost(name: &str, member: bool, args: &[Val], result: &Val) -> u64 {
+    let size = |i: usize| args.get(i).map_or(1, Val::size) as f64;
+    let is_str = |i: usize| matches!(args.get(i), Some(Val::Str(_) | Val::Bytes(_)));
+    match name {
+        // library/cost.go.
+        "isSorted" | "sum" | "max" | "min" | "indexOf" | "lastIndexOf" | "includes" => {
+            args.first().map_or(0, traversal_cost)
+        }
+        "url" | "lowerAscii" | "upperAscii" | "substring" | "trim" => ceil_cost(size(0) * 0.1),
+        "replace" | "split" => ceil_cost(size(0) * 2.0 * 0.1),
+        "join" => ceil_cost(result.size() as f64 * 2.0 * 0.1),
+        "find" | "findAll" => ceil_cost((1.0 + size(0)) * 0.1) * ceil_cost(size(1) * 0.25),
+        "quantity" | "isQuantity" | "semver" | "isSemver" | "cidr" | "isIP" | "isCIDR" => {
+            ceil_cost(size(0) * 0.1)
+        }
+        // runtimecost.go defaults, by overload.
+        "startsWith" | "endsWith" => ceil_cost(size(0) * 0.1),
+        "bytes" if matches!(args.first(), Some(Val::Str(_))) => ceil_cost(size(0) * 0.1),
+        "string" if matches!(args.first(), Some(Val::Bytes(_))) => ceil_cost(size(0) * 0.1),
+        "@in" if matches!(args.get(1), Some(Val::List(_))) => size(1) as u64,
+        "_==_" | "_!=_" | "_<_" | "_<=_" | "_>_" | "_>=_" => {
+            let relation = !matches!(name, "_==_" | "_!=_");
+            if relation && !(is_str(0) && is_str(1)) {
+                1
+            } else {
+                ceil_cost(size(0).min(size(1)) * 0.1)
+            }
+        }
+        "_+_" if is_str(0) && is_str(1) => ceil_cost((size(0) + size(1)) * 0.1),
+        // The member overload is `matches_string`; the global one's id is plain
+        // `matches`, which costCall does not name, so it costs 1.
+        "matches" if member => ceil_cost((1.0 + size(0)) * 0.1) * ceil_cost(size(1) * 0.25),
+        "contains" => ceil_cost(size(0) * 0.1) * ceil_cost(size(1) * 0.1),
+        _ => 1,
+    }
+}
+
+/// A request for the cost count: the admission variables' values.
+#[derive(Debug, Clone)]
+pub struct Input {
+    pub object: Val,
+    pub request: Val,
+    pub namespace_object: Val,
+}
+
+impl Input {
+    pub fn new(object: &Value, request: &Value, namespace_object: &Value) -> Input {
+        Input {
+            object: Val::from_json(object),
+            request: Val::from_json(request),
+            namespace_object: Val::from_json(namespace_object),
+        }
+    }
+}
+
+/// What one evaluation of the policy on one request spent and gave.
+#[derive(Debug, Default)]
+pub struct Run {
+    /// Each expression's own cost (variables at their path, once per filter that
+    /// evaluated them, the largest kept): what `PER_CALL_LIMIT` bounds.
+    pub costs: BTreeMap<String, u64>,
+    /// The three filters' totals, variables included.
+    pub validations: u64,
+    pub messages: u64,
+    pub audit: u64,
+    /// Whether every validation held.
+    pub allowed: bool,
+    /// Each messageExpression's result length in bytes (trimmed), when it gave a string.
+    pub message_bytes: Vec<usize>,
+    /// The variables the validations caused to be evaluated, by name.
+    pub variables: BTreeMap<String, Val>,
+    /// CEL runtime errors, by expression: with failurePolicy Fail, the request is refused.
+    pub errors: Vec<String>,
+}
+
+/// Limits a run breaks, worded for a test failure.
+pub fn limit_violations(run: &Run) -> Vec<String> {
+    let mut out = vec![];
+    for (path, cost) in &run.costs {
+        if *cost > PER_CALL_LIMIT {
+            out.push(format!(
+                "{path}: cost {cost} over the per-expression limit {PER_CALL_LIMIT}"
+            ));
+        }
+    }
+    if run.validations > RUNTIME_CEL_COST_BUDGET {
+        out.push(format!(
+            "validations: cost {} over the budget {RUNTIME_CEL_COST_BUDGET}",
+            run.validations
+        ));
+    }
+    if run.validations + run.messages > RUNTIME_CEL_COST_BUDGET {
+        out.push(format!(
+            "messageExpressions: cost {} over what the validations left of the budget ({})",
+            run.messages,
+            RUNTIME_CEL_COST_BUDGET.saturating_sub(run.validations)
+        ));
+    }
+    if run.audit > RUNTIME_CEL_COST_BUDGET {
+        out.push(format!(
+            "auditAnnotations: cost {} over the budget {RUNTIME_CEL_COST_BUDGET}",
+            run.audit
+        ));
+    }
+    out
+}
+
+struct Ctx<'p> {
+    lib: &'p Library,
+    globals: HashMap<&'static str, Val>,
+}
+
+/// The variables of one filter: evaluated on first use, then kept.
+struct Vars<'p> {
+    ctx: &'p Ctx<'p>,
+    defs: &'p [(String, String, Rc<IdedExpr>)],
+    cache: HashMap<String, Val>,
+    /// What the variables' evaluations cost the filter.
+    composition: u64,
+    costs: BTreeMap<String, u64>,
+    errors: Vec<String>,
+}
+
+impl<'p> Vars<'p> {
+    fn get(&mut self, name: &str) -> Result<Val, String> {
+        if let Some(v) = self.cache.get(name) {
+            return Ok(v.clone());
+        }
+        let defs = self.defs;
+        let Some((_, path, ast)) = defs.iter().find(|(n, _, _)| n == name) else {
+            return Ok(Val::err(format!("no such key: {name}")));
+        };
+        let ctx = self.ctx;
+        let mut ev = Eval {
+            ctx,
+            vars: self,
+            locals: vec![],
+            cost: 0,
+        };
+        let v = ev.eval(ast)?;
+        let cost = ev.cost;
+        self.composition += cost;
+        let slot = self.costs.entry(path.clone()).or_default();
+        *slot = (*slot).max(cost);
+        if let Val::Err(e) = &v {
+            self.errors.push(format!("{path}: {e}"));
+        }
+        self.cache.insert(name.to_owned(), v.clone());
+        Ok(v)
+    }
+}
+
+struct Eval<'a, 'p> {
+    ctx: &'p Ctx<'p>,
+    vars: &'a mut Vars<'p>,
+    locals: Vec<(String, Val)>,
+    cost: u64,
+}
+
+impl Eval<'_, '_> {
+    fn local(&self, name: &str) -> Option<Val> {
+        self.locals
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    }
+
+    fn eval(&mut self, e: &IdedExpr) -> Result<Val, String> {
+        match &e.expr {
+            Expr::Literal(l) => Ok(match l {
+                LiteralValue::Boolean(b) => Val::Bool(*b.inner()),
+                LiteralValue::Bytes(b) => Val::Bytes(b.inner().into()),
+                LiteralValue::Double(d) => Val::Double(*d.inner()),
+                LiteralValue::Int(i) => Val::Int(*i.inner()),
+                LiteralValue::Null => Val::Null,
+                LiteralValue::String(s) => Val::str(s.inner()),
+                LiteralValue::UInt(u) => Val::Uint(*u.inner()),
+            }),
+            Expr::Ident(name) => {
+                self.cost += 1;
+                if let Some(v) = self.local(name) {
+                    return Ok(v);
+                }
+                match self.ctx.globals.get(name.as_str()) {
+                    Some(v) => Ok(v.clone()),
+                    None => Err(format!("cannot evaluate identifier {name}")),
+                }
+            }
+            Expr::Select(s) => {
+                let variables = matches!(&s.operand.expr, Expr::Ident(n) if n == "variables")
+                    && self.local("variables").is_none();
+                if variables {
+                    self.cost += if s.test { 1 } else { 2 };
+                    if s.test {
+                        let known = self.vars.defs.iter().any(|(n, _, _)| *n == s.field);
+                        return Ok(Val::Bool(known));
+                    }
+                    return self.vars.get(&s.field);
+                }
+                let operand = self.eval(&s.operand)?;
+                if !s.test {
+                    self.cost += 1;
+                }
+                if !is_attribute(&s.operand) {
+                    self.cost += 1;
+                }
+                Ok(match operand {
+                    Val::Map(m) => {
+                        let v = m.get(s.field.as_str());
+                        match (s.test, v) {
+                            (true, v) => Val::Bool(v.is_some()),
+                            (false, Some(v)) => v.clone(),
+                            (false, None) => Val::err(format!("no such key: {}", s.field)),
+                        }
+                    }
+                    Val::Err(e) => Val::Err(e),
+                    other => Val::err(format!("no such overload: {other:?}.{}", s.field)),
+                })
+            }
+            Expr::Call(call) => self.call(call),
+            Expr::List(l) => {
+                if !l.optional_indices.is_empty() {
+                    return Err("cannot evaluate optional list elements".into());
+                }
+                if !is_constant(e) {
+                    self.cost += 10;
+                }
+                let mut out = Vec::with_capacity(l.elements.len());
+                for x in &l.elements {
+                    let v = self.eval(x)?;
+                    if let Val::Err(_) = v {
+                        return Ok(v);
+                    }
+                    out.push(v);
+                }
+                Ok(Val::List(Rc::new(out)))
+            }
+            Expr::Map(m) => {
+                if !is_constant(e) {
+                    self.cost += 30;
+                }
+                let mut out = BTreeMap::new();
+                for entry in &m.entries {
+                    let EntryExpr::MapEntry(me) = &entry.expr else {
+                        return Err("cannot evaluate a struct field".into());
+                    };
+                    if me.optional {
+                        return Err("cannot evaluate optional map entries".into());
+                    }
+                    let k = self.eval(&me.key)?;
+                    let v = self.eval(&me.value)?;
+                    let Val::Str(k) = k else {
+                        return Err(
+                            "cannot evaluate a map literal with other than string keys".into()
+                        );
+                    };
+                    out.insert(k, v);
+                }
+                Ok(Val::Map(Rc::new(out)))
+            }
+            Expr::Comprehension(c) => {
+                let range = self.eval(&c.iter_range)?;
+                let mut accu = self.eval(&c.accu_init)?;
+                let items: Vec<(Val, Val)> = match &range {
+                    Val::List(l) => l
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| (Val::Int(i as i64), v.clone()))
+                        .collect(),
+                    Val::Map(m) => m
+                        .iter()
+                        .map(|(k, v)| (Val::Str(k.clone()), v.clone()))
+                        .collect(),
+                    Val::Err(_) => return Ok(range),
+                    other => return Ok(Val::err(format!("cannot range over {other:?}"))),
+                };
+                for (first, second) in items {
+                    self.locals.push((c.accu_var.clone(), accu.clone()));
+                    match &c.iter_var2 {
+                        Some(v2) => {
+                            self.locals.push((c.iter_var.clone(), first));
+                            self.locals.push((v2.clone(), second));
+                        }
+                        None => {
+                            let one = if matches!(range, Val::Map(_)) {
+                                first
+                            } else {
+                                second
+                            };
+                            self.locals.push((c.iter_var.clone(), one));
+                            self.locals.push((String::new(), Val::Null));
+                        }
+                    }
+                    let cond = self.eval(&c.loop_cond);
+                    let go = matches!(cond, Ok(Val::Bool(true)));
+                    let step = if go {
+                        Some(self.eval(&c.loop_step))
+                    } else {
+                        None
+                    };
+                    self.locals.truncate(self.locals.len() - 3);
+                    cond?;
+                    match step {
+                        Some(s) => accu = s?,
+                        None => break,
+                    }
+                }
+                self.locals.push((c.accu_var.clone(), accu));
+                let r = self.eval(&c.result);
+                self.locals.pop();
+                r
+            }
+            Expr::Struct(_) | Expr::Unspecified => Err("cannot evaluate this expression".into()),
+        }
+    }
+
+    fn call(&mut self, call: &CallExpr) -> Result<Val, String> {
+        let name = call.func_name.as_str();
+        match name {
+            "_&&_" | "_||_" => {
+                let decisive = name == "_||_";
+                let mut error = None;
+                for a in &call.args {
+                    match self.eval(a)? {
+                        Val::Bool(b) if b == decisive => return Ok(Val::Bool(b)),
+                        Val::Bool(_) => {}
+                        Val::Err(e) => error = Some(Val::Err(e)),
+                        other => error = Some(Val::err(format!("no such overload: {other:?}"))),
+                    }
+                }
+                return Ok(error.unwrap_or(Val::Bool(!decisive)));
+            }
+            "_?_:_" => {
+                return match self.eval(&call.args[0])? {
+                    Val::Bool(true) => self.eval(&call.args[1]),
+                    Val::Bool(false) => self.eval(&call.args[2]),
+                    Val::Err(e) => Ok(Val::Err(e)),
+                    other => Ok(Val::err(format!("no such overload: {other:?} ? ..."))),
+                };
+            }
+            "@not_strictly_false" => {
+                let v = self.eval(&call.args[0])?;
+                self.cost += 1;
+                return Ok(Val::Bool(!matches!(v, Val::Bool(false))));
+            }
+            "_[_]" => {
+                let operand = self.eval(&call.args[0])?;
+                let index = self.eval(&call.args[1])?;
+                self.cost += if is_attribute(&call.args[0]) { 1 } else { 2 };
+                return Ok(index_of(&operand, &index));
+            }
+            // `maybeOptimizeSetMembership`: against a list literal of scalars, a set lookup
+            // whose evaluation the tracker does not charge (and against `[]`, false
+            // without evaluating the element).
+            "@in" if is_constant(&call.args[1]) => {
+                if let Expr::List(l) = &call.args[1].expr {
+                    let scalars = l
+                        .elements
+                        .iter()
+                        .all(|x| !matches!(x.expr, Expr::Literal(LiteralValue::Bytes(_))));
+                    if l.elements.is_empty() {
+                        return Ok(Val::Bool(false));
+                    }
+                    if scalars {
+                        let x = self.eval(&call.args[0])?;
+                        let list = self.eval(&call.args[1])?;
+                        return self.apply("@in", &[x, list]);
+                    }
+                }
+            }
+            _ => {}
+        }
+        // A namespaced function, as the checker resolved it.
+        let (fname, target) = match &call.target {
+            Some(t) => match qualified_name(t) {
+                Some(q) if self.ctx.lib.has_function(&format!("{q}.{name}")) => {
+                    (format!("{q}.{name}"), None)
+                }
+                _ => (name.to_owned(), Some(t)),
+            },
+            None => (name.to_owned(), None),
+        };
+        let member = target.is_some();
+        let mut args = vec![];
+        if let Some(t) = target {
+            args.push(self.eval(t)?);
+        }
+        for a in &call.args {
+            args.push(self.eval(a)?);
+        }
+        if let Some(e) = args.iter().find(|a| matches!(a, Val::Err(_))) {
+            return Ok(e.clone());
+        }
+        let result = self.apply(&fname, &args)?;
+        self.cost += call_cost(&fname, member, &args, &result);
+        Ok(result)
+    }
+
+    /// The functions the export uses, with cel-go's semantics (ext/strings.go indexes in
+    /// code points). Anything else is not evaluable here.
+    fn apply(&self, name: &str, args: &[Val]) -> Result<Val, String> {
+        let chars = |s: &str| s.chars().collect::<Vec<char>>();
+        let no = || Val::err(format!("no such overload: {name}{args:?}"));
+        Ok(match (name, args) {
+            ("!_", [Val::Bool(b)]) => Val::Bool(!b),
+            ("-_", [Val::Int(i)]) => i
+                .checked_neg()
+                .map_or_else(|| Val::err("overflow"), Val::Int),
+            ("-_", [Val::Double(d)]) => Val::Double(-d),
+            ("_==_", [a, b]) => Val::Bool(cel_eq(a, b)),
+            ("_!=_", [a, b]) => Val::Bool(!cel_eq(a, b)),
+            ("_+_", [Val::Str(a), Val::Str(b)]) => Val::str(format!("{a}{b}")),
+            ("_+_", [Val::List(a), Val::List(b)]) => {
+                Val::List(Rc::new(a.iter().chain(b.iter()).cloned().collect()))
+            }
+            ("_+_", [Val::Int(a), Val::Int(b)]) => a
+                .checked_add(*b)
+                .map_or_else(|| Val::err("overflow"), Val::Int),
+            ("_-_", [Val::Int(a), Val::Int(b)]) => a
+                .checked_sub(*b)
+                .map_or_else(|| Val::err("overflow"), Val::Int),
+            ("_*_", [Val::Int(a), Val::Int(b)]) => a
+                .checked_mul(*b)
+                .map_or_else(|| Val::err("overflow"), Val::Int),
+            ("_<_" | "_<=_" | "_>_" | "_>=_", [a, b]) => {
+                let ord = match (a, b) {
+                    (Val::Str(x), Val::Str(y)) => x.cmp(y),
+                    (Val::Bool(x), Val::Bool(y)) => x.cmp(y),
+                    _ => match (num(a), num(b)) {
+                        (Some(x), Some(y)) => {
+                            x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal)
+                        }
+                        _ => return Ok(no()),
+                    },
+                };
+                use std::cmp::Ordering::*;
+                Val::Bool(match name {
+                    "_<_" => ord == Less,
+                    "_<=_" => ord != Greater,
+                    "_>_" => ord == Greater,
+                    _ => ord != Less,
+                })
+            }
+            ("@in", [x, Val::List(l)]) => Val::Bool(l.iter().any(|y| cel_eq(x, y))),
+            ("@in", [Val::Str(k), Val::Map(m)]) => Val::Bool(m.contains_key(&**k)),
+            ("@in", [_, Val::Map(_)]) => Val::Bool(false),
+            ("size", [v @ (Val::Str(_) | Val::Bytes(_) | Val::List(_) | Val::Map(_))]) => {
+                Val::Int(v.size() as i64)
+            }
+            ("string", [Val::Str(s)]) => Val::Str(s.clone()),
+            ("string", [Val::Int(i)]) => Val::str(i.to_string()),
+            ("string", [Val::Bool(b)]) => Val::str(b.to_string()),
+            ("int", [Val::Int(i)]) => Val::Int(*i),
+            ("dyn", [v]) => v.clone(),
+            ("contains", [Val::Str(s), Val::Str(t)]) => Val::Bool(s.contains(&**t)),
+            ("startsWith", [Val::Str(s), Val::Str(t)]) => Val::Bool(s.starts_with(&**t)),
+            ("endsWith", [Val::Str(s), Val::Str(t)]) => Val::Bool(s.ends_with(&**t)),
+            ("matches", [Val::Str(s), Val::Str(p)]) => match compiled(p) {
+                Some(re) => Val::Bool(re.is_match(s)),
+                None => Val::err(format!("invalid regex {p}")),
+            },
+            ("lowerAscii", [Val::Str(s)]) => Val::str(s.to_ascii_lowercase()),
+            ("upperAscii", [Val::Str(s)]) => Val::str(s.to_ascii_uppercase()),
+            // Go's strings.TrimSpace and Rust's trim both strip Unicode White_Space.
+            ("trim", [Val::Str(s)]) => Val::str(s.trim()),
+            ("replace", [Val::Str(s), Val::Str(from), Val::Str(to)]) => {
+                Val::str(s.replace(&**from, to))
+            }
+            ("join", [Val::List(l)]) | ("join", [Val::List(l), _]) => {
+                let sep = match args.get(1) {
+                    Some(Val::Str(sep)) => sep.to_string(),
+                    _ => String::new(),
+                };
+                let mut parts = vec![];
+                for v in l.iter() {
+                    match v {
+                        Val::Str(s) => parts.push(s.to_string()),
+                        _ => return Ok(no()),
+                    }
+                }
+                Val::str(parts.join(&sep))
+            }
+            ("substring", [Val::Str(s), Val::Int(start), rest @ ..]) => {
+                let cs = chars(s);
+                let end = match rest {
+                    [Val::Int(e)] => *e,
+                    [] => cs.len() as i64,
+                    _ => return Ok(no()),
+                };
+                if *start < 0 || end < *start || end > cs.len() as i64 {
+                    Val::err(format!("index out of range: {start}, {end}"))
+                } else {
+                    Val::str(cs[*start as usize..end as usize].iter().collect::<String>())
+                }
+            }
+            ("indexOf" | "lastIndexOf", [Val::Str(s), Val::Str(sub)]) => {
+                let found = if name == "indexOf" {
+                    s.find(&**sub)
+                } else {
+                    s.rfind(&**sub)
+                };
+                match found {
+                    Some(byte) => Val::Int(s[..byte].chars().count() as i64),
+                    None => Val::Int(-1),
+                }
+            }
+            ("charAt", [Val::Str(s), Val::Int(i)]) => {
+                let cs = chars(s);
+                match usize::try_from(*i) {
+                    Ok(i) if i < cs.len() => Val::str(cs[i].to_string()),
+                    Ok(i) if i == cs.len() => Val::str(""),
+                    _ => Val::err("index out of range"),
+                }
+            }
+            ("split", [Val::Str(s), Val::Str(sep)]) => {
+                Val::List(Rc::new(s.split(&**sep).map(Val::str).collect()))
+            }
+            _ => {
+                return Err(format!(
+                    "cannot evaluate {name} on {} argument(s)",
+                    args.len()
+                ))
+            }
+        })
+    }
+}
+
+/// Whether the planner makes `e` an attribute (identifiers, selections, indexes and
+/// conditionals), which a further selection or index extends at no cost of its own.
+fn is_attribute(e: &IdedExpr) -> bool {
+    match &e.expr {
+        Expr::Ident(_) | Expr::Select(_) => true,
+        Expr::Call(c) => c.target.is_none() && matches!(c.func_name.as_str(), "_[_]" | "_?_:_"),
+        _ => false,
+    }
+}
+
+/// Whether `cel.OptOptimize` folds `e` into a constant: a literal, or a list or map literal
+/// of them (`maybeBuildListLiteral`, `maybeBuildMapLiteral`).
+fn is_constant(e: &IdedExpr) -> bool {
+    match &e.expr {
+        Expr::Literal(_) => true,
+        Expr::List(l) => l.optional_indices.is_empty() && l.elements.iter().all(is_constant),
+        Expr::Map(m) => m.entries.iter().all(|en| match &en.expr {
+            EntryExpr::MapEntry(me) => {
+                !me.optional && is_constant(&me.key) && is_constant(&me.value)
+            }
+            EntryExpr::StructField(_) => false,
+        }),
+        _ => false,
+    }
+}
+
+fn index_of(operand: &Val, index: &Val) -> Val {
+    match (operand, index) {
+        (Val::Err(e), _) | (_, Val::Err(e)) => Val::Err(e.clone()),
+        (Val::List(l), Val::Int(i)) => match usize::try_from(*i).ok().and_then(|i| l.get(i)) {
+            Some(v) => v.clone(),
+            None => Val::err(format!("index out of range: {i}")),
+        },
+        (Val::Map(m), Val::Str(k)) => match m.get(&**k) {
+            Some(v) => v.clone(),
+            None => Val::err(format!("no such key: {k:?}")),
+        },
+        (o, i) => Val::err(format!("no such overload: {o:?}[{i:?}]")),
+    }
+}
+
+/// A policy's expressions, parsed once for many requests.
+pub struct Evaluable {
+    variables: Vec<(String, String, Rc<IdedExpr>)>,
+    validations: Vec<(String, Rc<IdedExpr>)>,
+    messages: Vec<(String, Rc<IdedExpr>)>,
+    audit: Vec<(String, Rc<IdedExpr>)>,
+}
+
+impl Evaluable {
+    /// The policy's expressions; it should have passed `check_policy`.
+    pub fn new(policy: &Value) -> Result<Evaluable, String> {
+        let spec = &policy["spec"];
+        let parse = |path: String, src: Option<&str>| -> Result<(String, Rc<IdedExpr>), String> {
+            let src = src.unwrap_or_default();
+            parse(src)
+                .map(|ast| (path.clone(), ast))
+                .map_err(|e| format!("{path}: {e}"))
+        };
+        let mut variables = vec![];
+        for (i, v) in list_at(spec, "variables").iter().enumerate() {
+            let (path, ast) = parse(
+                format!("spec.variables[{i}].expression"),
+                str_at(v, "expression"),
+            )?;
+            variables.push((str_at(v, "name").unwrap_or_default().to_owned(), path, ast));
+        }
+        let mut validations = vec![];
+        let mut messages = vec![];
+        for (i, v) in list_at(spec, "validations").iter().enumerate() {
+            validations.push(parse(
+                format!("spec.validations[{i}].expression"),
+                str_at(v, "expression"),
+            )?);
+            if let Some(m) = str_at(v, "messageExpression").filter(|m| !m.trim().is_empty()) {
+                messages.push(parse(
+                    format!("spec.validations[{i}].messageExpression"),
+                    Some(m),
+                )?);
+            }
+        }
+        let mut audit = vec![];
+        for (i, a) in list_at(spec, "auditAnnotations").iter().enumerate() {
+            audit.push(parse(
+                format!("spec.auditAnnotations[{i}].valueExpression"),
+                str_at(a, "valueExpression").map(str::trim),
+            )?);
+        }
+        Ok(Evaluable {
+            variables,
+            validations,
+            messages,
+            audit,
+        })
+    }
+
+    /// Evaluates the policy on one request as validator.go does: the validations, the
+    /// messageExpressions (all of them, whatever the validations gave), the audit
+    /// annotations, each filter with its own lazily evaluated variables.
+    pub fn run(&self, lib: &Library, input: &Input) -> Result<Run, String> {
+        let mut globals = HashMap::new();
+        globals.insert("object", input.object.clone());
+        globals.insert("oldObject", Val::Null);
+        globals.insert("request", input.request.clone());
+        globals.insert("namespaceObject", input.namespace_object.clone());
+        let ctx = Ctx { lib, globals };
+        let mut run = Run {
+            allowed: true,
+            ..Run::default()
+        };
+        // (the filter's cost, its expressions' values, the variables it evaluated)
+        type Filtered = (u64, Vec<Val>, HashMap<String, Val>);
+        let filter =
+            |exprs: &[(String, Rc<IdedExpr>)], run: &mut Run| -> Result<Filtered, String> {
+                let mut vars = Vars {
+                    ctx: &ctx,
+                    defs: &self.variables,
+                    cache: HashMap::new(),
+                    composition: 0,
+                    costs: BTreeMap::new(),
+                    errors: vec![],
+                };
+                let mut total = 0;
+                let mut values = vec![];
+                for (path, ast) in exprs {
+                    let mut ev = Eval {
+                        ctx: &ctx,
+                        vars: &mut vars,
+                        locals: vec![],
+                        cost: 0,
+                    };
+                    let v = ev.eval(ast).map_err(|e| format!("{path}: {e}"))?;
+                    let cost = ev.cost;
+                    total += cost;
+                    let slot = run.costs.entry(path.clone()).or_default();
+                    *slot = (*slot).max(cost);
+                    if let Val::Err(e) = &v {
+                        run.errors.push(format!("{path}: {e}"));
+                    }
+                    values.push(v);
+                }
+                for (path, cost) in &vars.costs {
+                    let slot = run.costs.entry(path.clone()).or_default();
+                    *slot = (*slot).max(*cost);
+                }
+                run.errors.append(&mut vars.errors);
+                Ok((total + vars.composition, values, vars.cache))
+            };
+        let (cost, values, cache) = filter(&self.validations, &mut run)?;
+        run.validations = cost;
+        run.allowed = values.iter().all(|v| matches!(v, Val::Bool(true)));
+        run.variables = cache.into_iter().collect();
+        let (cost, values, _) = filter(&self.messages, &mut run)?;
+        run.messages = cost;
+        for v in values {
+            if let Val::Str(s) = v {
+                run.message_bytes.push(s.trim().len());
+            }
+        }
+        let (cost, _, _) = filter(&self.audit, &mut run)?;
+        run.audit = cost;
+        Ok(run)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // The checker refuses what the apiserver refuses.
 
 #[cfg(test)]
@@ -2812,5 +3662,106 @@ mod tests {
             "spec.validationActions: Invalid value: ",
             "must not contain both Deny and Warn",
         );
+    }
+
+    #[test]
+    fn the_cost_count_follows_the_model() {
+        let lib = Library::kubernetes(36);
+        let p = good();
+        let e = Evaluable::new(&p).unwrap();
+        let containers: Vec<Value> = (0..3).map(|i| json!({"name": format!("c{i}")})).collect();
+        let input = Input::new(
+            &json!({"spec": {"containers": containers}}),
+            &json!({"userInfo": {"username": "alice"}, "namespace": "ml"}),
+            &json!({"metadata": {"name": "ml"}}),
+        );
+        let run = e.run(&lib, &input).unwrap();
+        assert!(run.allowed, "{run:?}");
+        assert!(run.errors.is_empty(), "{:?}", run.errors);
+        // `has(request.userInfo.username) ? request.userInfo.username : ''`:
+        // has: request (1) + userInfo (1) + the tested field (0); the true branch 3.
+        assert_eq!(run.costs["spec.variables[0].expression"], 5);
+        // `object.spec.containers.map(c, c.name)` over 3: the range 3, the initial `[]` 0
+        // (a constant), per element the step `@result + [c.name]`: @result 1, the list
+        // 10, c.name 2, `+` 1; the result 1.
+        assert_eq!(run.costs["spec.variables[2].expression"], 3 + 3 * 14 + 1);
+        // `size(variables.names) < 100 && variables.user != ''`: 2 + 1 + 1, and 2 + the
+        // comparison of "alice" with "" (the shorter's size, 0, a tenth of it, 0).
+        assert_eq!(run.costs["spec.variables[3].expression"], 4 + 2);
+        assert_eq!(run.costs["spec.validations[0].expression"], 2);
+        // The validations' filter: the expression and the variables it needed.
+        assert_eq!(run.validations, 2 + 6 + 46 + 5);
+        assert!(limit_violations(&run).is_empty());
+        assert_eq!(run.message_bytes, ["pod by alice: c0, c1, c2".len()]);
+    }
+
+    #[test]
+    fn the_cost_of_each_construct() {
+        // (expression, how a validation reads it, its cost), the user being "alice".
+        let cases = [
+            // request, userInfo, username: 3; `+` of 5 and 5 characters: ceil(10 / 10).
+            ("request.userInfo.username + 'xxxxx'", "!= ''", 3 + 1),
+            // replace: ceil(5 * 2 / 10).
+            (
+                "request.userInfo.username.replace('a', 'b')",
+                "!= ''",
+                3 + 1,
+            ),
+            // A constant list 0; join: ceil(2 * 8 / 10) for "abc, def".
+            ("['abc', 'def'].join(', ')", "!= ''", 2),
+            // matches: ceil((1 + 5) / 10) * ceil(5 / 4).
+            ("request.userInfo.username.matches('^a.*$')", "", 3 + 2),
+            // A set lookup: only the element is charged.
+            ("request.userInfo.username in ['alice', 'bob']", "", 3),
+            // A list of a non-constant 10 + 3; the index of a non-attribute 2.
+            ("[request.userInfo.username][0]", "!= ''", 10 + 3 + 2),
+            // has: 1 + 0; size 3 + 1; `>` 1; `&&` nothing.
+            (
+                "has(request.namespace) && size(request.userInfo.username) > 3",
+                "",
+                1 + 5,
+            ),
+            // all over 3: the range 3; per element the condition
+            // `@not_strictly_false(@result)` 2 and the step `@result && has(c.name)` 2; the
+            // result 1.
+            (
+                "object.spec.containers.all(c, has(c.name))",
+                "",
+                3 + 3 * 4 + 1,
+            ),
+        ];
+        let variables: Vec<Value> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, (e, _, _))| json!({"name": format!("e{i}"), "expression": e}))
+            .collect();
+        let validations: Vec<Value> = cases
+            .iter()
+            .enumerate()
+            .map(|(i, (_, read, _))| json!({"expression": format!("variables.e{i} {read}")}))
+            .collect();
+        let mut p = good();
+        p["spec"]["variables"] = json!(variables);
+        p["spec"]["validations"] = json!(validations);
+        p["spec"]["auditAnnotations"] = json!([]);
+        assert_eq!(errors(&p), Vec::<String>::new());
+        let containers: Vec<Value> = (0..3).map(|i| json!({"name": format!("c{i}")})).collect();
+        let input = Input::new(
+            &json!({"spec": {"containers": containers}}),
+            &json!({"userInfo": {"username": "alice"}, "namespace": "ml"}),
+            &json!({}),
+        );
+        let run = Evaluable::new(&p)
+            .unwrap()
+            .run(&Library::kubernetes(36), &input)
+            .unwrap();
+        assert!(run.allowed && run.errors.is_empty(), "{run:?}");
+        for (i, (e, _, cost)) in cases.iter().enumerate() {
+            assert_eq!(
+                run.costs[&format!("spec.variables[{i}].expression")],
+                *cost,
+                "{e}"
+            );
+        }
     }
 }
