@@ -198,7 +198,7 @@ pub struct Workloads {
     /// false: workloads are allowed unchanged, and only their pods are judged.
     pub enabled: bool,
     /// The kinds, with where their pod templates are and the labels their controllers add
-    /// to the pods. Writing `kinds` replaces the whole list.
+    /// to the pods. Writing `kinds` replaces the whole list (a list replaces).
     pub kinds: Vec<WorkloadKind>,
 }
 
