@@ -127,16 +127,19 @@ pub enum Rule {
 }
 
 impl Rule {
-    /// Every rule, in the order findings of one object are listed.
-    pub const ALL: [Rule; 7] = [
-        Rule::Review,
-        Rule::Requests,
-        Rule::Step(Step::Tolerations),
-        Rule::Step(Step::DriverMounts),
-        Rule::Step(Step::MetricsSidecar),
-        Rule::Step(Step::DefaultResources),
-        Rule::OptOut,
-    ];
+    /// Every rule, in the order findings of one object are listed: the mutation steps in
+    /// their own order ([`Step::ALL`]), so that a new step is a rule without a line here.
+    pub const ALL: [Rule; 3 + Step::ALL.len()] = {
+        let mut all = [Rule::Review; 3 + Step::ALL.len()];
+        all[1] = Rule::Requests;
+        let mut i = 0;
+        while i < Step::ALL.len() {
+            all[2 + i] = Rule::Step(Step::ALL[i]);
+            i += 1;
+        }
+        all[2 + Step::ALL.len()] = Rule::OptOut;
+        all
+    };
 
     pub fn as_str(self) -> &'static str {
         match self {
