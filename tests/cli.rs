@@ -103,7 +103,7 @@ fn a_training_pod_from_yaml_is_mutated_then_allowed() {
         ),
         "{text}"
     );
-    assert!(text.contains("mutated pod:"), "{text}");
+    assert!(text.contains("pod as mutated:"), "{text}");
     assert!(text.contains("key: nvidia.com/gpu"), "{text}");
 }
 
@@ -230,13 +230,20 @@ fn unusable_input_exits_2_with_a_reason() {
             Some(&b"{{{"[..]),
             "neither JSON nor YAML",
         ),
-        // A kind that is neither a pod nor a workload the policy lists (a Deployment is
-        // one: see a_workload_is_reviewed_per_template).
+        // A document that is no Kubernetes object at all. (An object of a kind tollgate
+        // does not review, a ConfigMap, is listed as not reviewed: see
+        // a_file_as_kubectl_takes_it_lists_what_is_not_reviewed.)
         (
-            "a ConfigMap",
+            "no kind",
             vec!["review", "-"],
-            Some(&b"kind: ConfigMap\napiVersion: v1\n"[..]),
-            "a ConfigMap",
+            Some(&b"apiVersion: v1\nmetadata: {name: x}\n"[..]),
+            "no kind",
+        ),
+        (
+            "only context",
+            vec!["review", "-"],
+            Some(&b"kind: Namespace\napiVersion: v1\nmetadata: {name: ml}\n"[..]),
+            "nothing to review",
         ),
         (
             "missing file",
@@ -575,4 +582,200 @@ fn export_strict_refuses_a_policy_asking_for_what_the_export_leaves_out() {
     assert!(String::from_utf8(bad.stderr)
         .unwrap()
         .contains("validation.mode"));
+}
+
+/// A workload's file as it is published: a Deployment beside a Service, a ConfigMap, a
+/// DeviceClass and a CronJob of a version the policy does not list. Every object is
+/// accounted for, in order; those tollgate does not review are listed as such and leave
+/// the exit status to the Deployment.
+#[test]
+fn a_file_as_kubectl_takes_it_lists_what_is_not_reviewed() {
+    let others = "apiVersion: v1
+kind: Service
+metadata: {name: trainer}
+spec:
+  ports: [{port: 29500}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings, namespace: ml}
+data: {epochs: \"3\"}
+---
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: gpu.example.com}
+---
+apiVersion: batch/v1beta1
+kind: CronJob
+metadata: {name: nightly}
+";
+    // A Deployment's pods are no training pods: without requests, nothing gives them any.
+    let job = |requests: &str| {
+        format!(
+            "apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: train}}
+spec:
+  selector: {{matchLabels: {{app: train}}}}
+  template:
+    metadata: {{labels: {{app: train}}}}
+    spec:
+      containers:
+        - name: train
+          image: train{requests}
+"
+        )
+    };
+    let sized = job("\n          resources: {requests: {cpu: \"1\", memory: 1Gi}}");
+    for (job, code) in [(sized, 0), (job(""), 1)] {
+        let file = format!("{others}---\n{job}");
+        let out = tollgate(&["review", "-"], Some(file.as_bytes()));
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(out.status.code(), Some(code), "{text}");
+        assert!(
+            text.starts_with("service default/trainer (v1): not reviewed: "),
+            "{text}"
+        );
+        assert!(
+            text.contains("\nconfigmap ml/settings (v1): not reviewed"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cronjob default/nightly (batch/v1beta1): not reviewed: its policy lists CronJob as batch/v1, not batch/v1beta1"),
+            "{text}"
+        );
+        assert!(text.contains("\ndeployment default/train: "), "{text}");
+
+        let out = tollgate(&["review", "--output", "json", "-"], Some(file.as_bytes()));
+        assert_eq!(out.status.code(), Some(code));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let results = v.as_array().unwrap();
+        assert_eq!(results.len(), 5, "{v}");
+        let skipped: Vec<&str> = results
+            .iter()
+            .filter(|r| r["decision"] == "skipped")
+            .map(|r| r["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(skipped, ["Service", "ConfigMap", "DeviceClass", "CronJob"]);
+        assert!(results[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("workloads.kinds"));
+        assert_eq!(results[4]["kind"], "Deployment");
+    }
+}
+
+/// `tollgate review DIR` reads a directory's manifests as `kubectl apply -f DIR` does (its
+/// .yaml, .yml and .json files, by name; `-R` for subdirectories), the claims of one file
+/// the context of the pods of another, each result naming its file.
+#[test]
+fn a_directory_is_reviewed_file_by_file_as_one_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = "apiVersion: resource.k8s.io/v1beta1
+kind: ResourceClaimTemplate
+metadata: {name: one-gpu}
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpu
+          deviceClassName: gpu.nvidia.com
+";
+    let pod = "apiVersion: v1
+kind: Pod
+metadata: {name: dra}
+spec:
+  resourceClaims: [{name: gpu, resourceClaimTemplateName: one-gpu}]
+  containers:
+    - name: trainer
+      image: trainer
+      resources:
+        requests: {cpu: \"1\", memory: 1Gi}
+        claims: [{name: gpu}]
+";
+    std::fs::write(dir.path().join("a-pod.yaml"), pod).unwrap();
+    std::fs::write(dir.path().join("b-claims.yml"), template).unwrap();
+    std::fs::write(dir.path().join("README.md"), "not a manifest").unwrap();
+    std::fs::create_dir(dir.path().join("more")).unwrap();
+    std::fs::write(
+        dir.path().join("more/notebook.json"),
+        serde_json::to_string(&serde_saphyr::from_str::<serde_json::Value>(NOTEBOOK).unwrap())
+            .unwrap(),
+    )
+    .unwrap();
+    let path = dir.path().display().to_string();
+
+    let out = tollgate(
+        &["review", "--output", "json", &path, "--namespace", "ml"],
+        None,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // One pod: the one result, naming its file; the v1beta1 template beside it, written
+    // without a namespace, is in the pod's: the pod gets its GPU toleration.
+    assert!(v["file"].as_str().unwrap().ends_with("a-pod.yaml"), "{v}");
+    assert_eq!(
+        v["mutatedPod"]["spec"]["tolerations"][0]["key"], "nvidia.com/gpu",
+        "{v}"
+    );
+
+    let out = tollgate(&["review", "-R", &path, "--namespace", "ml"], None);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the notebook lacks requests: {text}"
+    );
+    assert!(text.contains("a-pod.yaml: pod ml/dra: allowed"), "{text}");
+    assert!(
+        text.contains("notebook.json: pod ml/notebook: denied"),
+        "{text}"
+    );
+
+    let empty = tempfile::tempdir().unwrap();
+    let out = tollgate(&["review", &empty.path().display().to_string()], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no .yaml, .yml or .json file"));
+}
+
+/// A pod whose claim tollgate cannot read gets no GPU treatment; refused then, it is told
+/// that this is why.
+#[test]
+fn a_pod_refused_because_its_claim_could_not_be_read_is_told_so() {
+    let pod = "apiVersion: v1
+kind: Pod
+metadata: {name: dra, namespace: ml, labels: {app: x}}
+spec:
+  resourceClaims: [{name: gpu, resourceClaimTemplateName: missing}]
+  containers:
+    - name: trainer
+      image: trainer
+      resources: {claims: [{name: gpu}]}
+";
+    let out = tollgate(&["review", "--output", "json", "-"], Some(pod.as_bytes()));
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let message = v["message"].as_str().unwrap();
+    assert!(
+        message.contains("has no request for cpu and memory"),
+        "{message}"
+    );
+    assert!(
+        message.contains("tollgate could not read the ResourceClaimTemplate \"missing\" of claim \"gpu\" (it does not exist), so it did not treat this pod as a GPU pod"),
+        "{message}"
+    );
+}
+
+/// The text output shows the pod as mutated only when the mutating webhook changed it.
+#[test]
+fn an_unchanged_pod_is_not_shown_as_mutated() {
+    let out = tollgate(&["review", "-"], Some(NOTEBOOK.as_bytes()));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains("as mutated"), "{text}");
+    assert!(!text.contains("patch (JSONPatch)"), "{text}");
 }

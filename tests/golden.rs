@@ -138,7 +138,8 @@ fn load_case(dir: &Path) -> Result<Case, String> {
             let mut objects = Objects::complete();
             for d in docs {
                 // As `tollgate review` reads the same objects from its input.
-                let added = tollgate::cli::add_context(&mut objects, &d)
+                let namespace = spec.namespace.as_deref().unwrap_or("default");
+                let added = tollgate::cli::add_context(&mut objects, &d, namespace)
                     .map_err(|e| format!("context.yaml: {e}"))?;
                 if !added {
                     return Err(format!("context.yaml: a {:?} is not context", d["kind"]));

@@ -7,8 +7,8 @@ mod review;
 pub use audit::AuditArgs;
 pub use export::{ExportArgs, ExportCommand, VapArgs};
 pub use review::{
-    add_context, documents, run_review, split, synthetic_review, CliResult, Input, Output,
-    ReviewArgs, Stage,
+    add_context, documents, run_review, split, synthetic_review, CliResult, Entered, Entry, Input,
+    Output, ReviewArgs, Skipped, Stage,
 };
 
 use std::net::SocketAddr;
@@ -35,7 +35,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the webhook server (HTTPS, HTTP/1.1 and HTTP/2).
     Serve(ServeArgs),
-    /// Run the policy over a Pod or an AdmissionReview offline, as the server would.
+    /// Run the policy offline over what `kubectl apply -f` takes (files, directories): its
+    /// Pods, workloads and AdmissionReviews, as a cluster with both webhooks would.
     Review(ReviewArgs),
     /// Judge the pods of a live cluster as a CREATE of each would be judged: what would be
     /// refused and why, what mutation would add, which opt-outs hold.

@@ -1,23 +1,28 @@
-//! `tollgate review`: the engine offline, on the objects of a file, as a cluster with both
-//! webhooks would judge them.
+//! `tollgate review`: the engine offline, on the objects of a file or a directory, as a
+//! cluster with both webhooks would judge them.
 //!
-//! The input is one JSON document or any number of YAML documents (`---`), a `kind: List`
-//! among them expanded. Pods, workloads (the kinds of the policy's `workloads.kinds`: Jobs,
-//! Deployments, PyTorchJobs, ...) and AdmissionReviews are what is reviewed, in file order;
-//! ResourceClaims, ResourceClaimTemplates and Namespaces are the cluster context they are
-//! reviewed in (a DRA Job's file checked as it is, its claim template beside it). What the
-//! file does not hold does not exist, as far as the review knows.
+//! The input is taken as `kubectl apply -f` takes it: a file of one JSON document or any
+//! number of YAML documents (`---`), a `kind: List` among them expanded, or a directory of
+//! such files (`.yaml`, `.yml`, `.json`; `-R` goes into subdirectories). Pods, workloads
+//! (the kinds of the policy's `workloads.kinds`: Jobs, Deployments, PyTorchJobs, ...) and
+//! AdmissionReviews are what is reviewed, in input order; ResourceClaims and
+//! ResourceClaimTemplates (`resource.k8s.io` v1, v1beta2 or v1beta1, read as v1) and
+//! Namespaces are the cluster context they are reviewed in (a DRA Job's file checked as it
+//! is, its claim template beside it); an object written without a namespace lands in
+//! `--namespace`, else `default`, as kubectl puts it. Any other object (a Service, a
+//! ConfigMap) is listed as not reviewed, and changes nothing about the exit status. What the
+//! input does not hold does not exist, as far as the review knows.
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Namespace;
 
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 
-use tollgate_core::cluster::{Cluster, Objects};
+use tollgate_core::cluster::{self, Cluster, Objects};
 pub use tollgate_core::pipeline::synthetic_review;
 use tollgate_core::pipeline::{self, group_version};
 use tollgate_core::policy::Policy;
@@ -44,9 +49,13 @@ pub enum Stage {
 #[derive(Args, Debug)]
 pub struct ReviewArgs {
     /// Pods and workloads (YAML or JSON) or AdmissionReviews (JSON), with the
-    /// ResourceClaims, ResourceClaimTemplates and Namespaces they refer to; "-" reads
-    /// standard input.
+    /// ResourceClaims, ResourceClaimTemplates and Namespaces they refer to: a file, a
+    /// directory of .yaml, .yml and .json files (as `kubectl apply -f DIR`), or "-" for
+    /// standard input. Other objects are listed as not reviewed.
     pub file: String,
+    /// With a directory: its subdirectories too.
+    #[arg(short = 'R', long)]
+    pub recursive: bool,
     /// Policy file (YAML) [default: the built-in policy, a copy of policies/default.yaml].
     #[arg(long)]
     pub policy: Option<PathBuf>,
@@ -56,7 +65,9 @@ pub struct ReviewArgs {
     /// Which webhook(s) to run.
     #[arg(long, value_enum, default_value_t = Stage::All)]
     pub stage: Stage,
-    /// For a Pod or workload input: the namespace [default: the object's, or "default"].
+    /// For a Pod or workload input: the namespace [default: the object's, or "default"];
+    /// for a claim or claim template written without one, its namespace [default:
+    /// "default"].
     #[arg(long)]
     pub namespace: Option<String>,
     /// For a Pod or workload input: the requesting user (opt-out governance looks at it).
@@ -119,24 +130,40 @@ pub fn load_policy(path: Option<&std::path::Path>) -> Result<Policy, String> {
 
 fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
     let policy = load_policy(a.policy.as_deref()).map_err(Unusable)?;
-    let input = if a.file == "-" {
-        let mut s = String::new();
-        std::io::stdin()
-            .read_to_string(&mut s)
-            .map_err(|e| Unusable(format!("standard input: {e}")))?;
-        s
-    } else {
-        std::fs::read_to_string(&a.file).map_err(|e| Unusable(format!("{}: {e}", a.file)))?
-    };
-    let unusable = |e: String| Unusable(format!("{}: {e}", a.file));
-    let input = split(documents(&input).map_err(unusable)?, &policy).map_err(unusable)?;
-    let mut results = Vec::with_capacity(input.subjects.len());
-    for subject in &input.subjects {
-        let mut context = input.context.clone();
-        if let Some(labels) = &a.namespace_labels {
-            context.add_namespace(namespace_object(&namespace_of(subject, a), labels));
+    let files = inputs(a)?;
+    let many = files.len() > 1 || Path::new(&a.file).is_dir();
+    let default_ns = a.namespace.as_deref().unwrap_or("default");
+    let mut docs = vec![];
+    for (name, text) in &files {
+        let unusable = |e: String| Unusable(format!("{name}: {e}"));
+        for d in documents(text).map_err(unusable)? {
+            docs.push((name.as_str(), d));
         }
-        results.push(run_review(&policy, subject, a, &context).map_err(unusable)?);
+    }
+    let input = split(docs, &policy, default_ns).map_err(Unusable)?;
+    if input.entries.is_empty() {
+        return Err(Unusable(format!(
+            "{}: nothing to review: no Pod, workload or AdmissionReview, only the cluster context they would use",
+            a.file
+        )));
+    }
+    let mut results = Vec::with_capacity(input.entries.len());
+    for entry in &input.entries {
+        let mut result = match &entry.what {
+            Entry::Subject(subject) => {
+                let mut context = input.context.clone();
+                if let Some(labels) = &a.namespace_labels {
+                    context.add_namespace(namespace_object(&namespace_of(subject, a), labels));
+                }
+                run_review(&policy, subject, a, &context)
+                    .map_err(|e| Unusable(format!("{}: {e}", entry.file)))?
+            }
+            Entry::Skipped(s) => CliResult::skipped(s),
+        };
+        if many {
+            result.file = Some(entry.file.to_owned());
+        }
+        results.push(result);
     }
     let allowed = results.iter().all(|r| r.allowed);
     let text = match a.output {
@@ -157,6 +184,70 @@ fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
             .join("\n"),
     };
     Ok((text, allowed))
+}
+
+/// The input's texts by name: standard input, a file, or a directory's manifest files (by
+/// name, as kubectl reads them; `-R`: with those of its subdirectories).
+fn inputs(a: &ReviewArgs) -> Result<Vec<(String, String)>, Unusable> {
+    if a.file == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| Unusable(format!("standard input: {e}")))?;
+        return Ok(vec![("standard input".into(), s)]);
+    }
+    let path = Path::new(&a.file);
+    if !path.is_dir() {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| Unusable(format!("{}: {e}", a.file)))?;
+        return Ok(vec![(a.file.clone(), text)]);
+    }
+    let mut files = vec![];
+    manifest_files(path, a.recursive, &mut files)
+        .map_err(|e| Unusable(format!("{}: {e}", a.file)))?;
+    if files.is_empty() {
+        return Err(Unusable(format!(
+            "{}: no .yaml, .yml or .json file{}",
+            a.file,
+            if a.recursive {
+                ""
+            } else {
+                " (-R looks in subdirectories)"
+            }
+        )));
+    }
+    files
+        .into_iter()
+        .map(|f| {
+            let name = f.display().to_string();
+            std::fs::read_to_string(&f)
+                .map(|t| (name.clone(), t))
+                .map_err(|e| Unusable(format!("{name}: {e}")))
+        })
+        .collect()
+}
+
+/// The `.yaml`, `.yml` and `.json` files of `dir`, sorted by path; those of its
+/// subdirectories too when `recursive`.
+fn manifest_files(dir: &Path, recursive: bool, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            if recursive {
+                manifest_files(&p, recursive, out)?;
+            }
+        } else if p
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"))
+        {
+            out.push(p);
+        }
+    }
+    Ok(())
 }
 
 /// The documents of an input: one JSON value, or YAML documents; a `kind: List` stands for
@@ -208,21 +299,36 @@ fn namespace_object(name: &str, labels: &BTreeMap<String, String>) -> Namespace 
     ns
 }
 
-/// Adds `doc` to `context` if it is a context object (a ResourceClaim, ResourceClaimTemplate
-/// or Namespace); false if it is another kind. A Namespace gets the name label the
+/// Adds `doc` to `context` if it is a context object (a ResourceClaim or
+/// ResourceClaimTemplate of any served `resource.k8s.io` version, read as v1, or a
+/// Namespace); false if it is another kind. A claim or template written without a
+/// namespace lands in `namespace`, as kubectl puts it; a Namespace gets the name label the
 /// apiserver sets on every namespace.
-pub fn add_context(context: &mut Objects, doc: &Value) -> Result<bool, serde_json::Error> {
+pub fn add_context(context: &mut Objects, doc: &Value, namespace: &str) -> Result<bool, String> {
     let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
     let api = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-    match (kind, api) {
-        ("ResourceClaim", "resource.k8s.io/v1") => {
-            context.add_claim(serde_json::from_value(doc.clone())?)
+    let dra = cluster::DRA_API_VERSIONS.contains(&api);
+    let in_namespace = |doc: &Value| {
+        let mut doc = doc.clone();
+        if doc
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            if let Some(Value::Object(m)) = doc.get_mut("metadata") {
+                m.insert("namespace".into(), Value::from(namespace));
+            }
         }
-        ("ResourceClaimTemplate", "resource.k8s.io/v1") => {
-            context.add_template(serde_json::from_value(doc.clone())?)
+        doc
+    };
+    match (kind, api) {
+        ("ResourceClaim", _) if dra => context.add_claim(cluster::claim_from(&in_namespace(doc))?),
+        ("ResourceClaimTemplate", _) if dra => {
+            context.add_template(cluster::claim_template_from(&in_namespace(doc))?)
         }
         ("Namespace", "v1") => {
-            let mut ns: Namespace = serde_json::from_value(doc.clone())?;
+            let mut ns: Namespace =
+                serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
             let name = ns.metadata.name.clone().unwrap_or_default();
             ns.metadata
                 .labels
@@ -239,49 +345,119 @@ pub fn add_context(context: &mut Objects, doc: &Value) -> Result<bool, serde_jso
 /// Set by the apiserver on every namespace: selectors may rely on it.
 const NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
-/// An input's documents: what is reviewed, and the cluster context it is reviewed in.
-pub struct Input {
-    pub subjects: Vec<Value>,
+/// An input's documents: what is reviewed (and what is not), and the cluster context it
+/// is reviewed in.
+pub struct Input<'f> {
+    /// Every object that is not context, in input order.
+    pub entries: Vec<Entered<'f>>,
     pub context: Objects,
 }
 
-/// Sorts documents into subjects (Pods, the workloads `policy` lists, AdmissionReviews) and
-/// context (claims, claim templates, namespaces). Another kind of object is an error naming
-/// it.
-pub fn split(docs: Vec<Value>, policy: &Policy) -> Result<Input, String> {
+/// One object of the input and where it came from.
+pub struct Entered<'f> {
+    /// The file it was read from (`standard input` for `-`).
+    pub file: &'f str,
+    pub what: Entry,
+}
+
+/// An object to review, or one tollgate does not review.
+pub enum Entry {
+    Subject(Value),
+    Skipped(Skipped),
+}
+
+/// An object that is neither reviewed nor context: what it is, and why it is not reviewed.
+#[derive(Debug, Clone)]
+pub struct Skipped {
+    pub kind: String,
+    pub api_version: String,
+    pub namespace: String,
+    pub name: String,
+    pub reason: String,
+}
+
+/// Sorts documents (each with the file it came from) into subjects (Pods, the workloads
+/// `policy` lists, AdmissionReviews), context (claims, claim templates, namespaces; a
+/// claim without a namespace in `namespace`) and objects not reviewed. A document without
+/// a kind, or a context object that cannot be read, is an error naming it.
+pub fn split<'f>(
+    docs: Vec<(&'f str, Value)>,
+    policy: &Policy,
+    namespace: &str,
+) -> Result<Input<'f>, String> {
     let mut input = Input {
-        subjects: vec![],
+        entries: vec![],
         context: Objects::complete(),
     };
-    for (i, d) in docs.into_iter().enumerate() {
+    for (i, (file, d)) in docs.into_iter().enumerate() {
         let kind = d
             .get("kind")
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_owned();
-        let api = d.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-        let bad = |e: serde_json::Error| format!("document {}: a {kind}: {e}", i + 1);
-        match (kind.as_str(), api) {
-            ("Pod" | "AdmissionReview", _) => input.subjects.push(d),
-            _ if add_context(&mut input.context, &d).map_err(bad)? => {}
-            ("", _) => {
+        let api = d
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let what = match kind.as_str() {
+            "" => {
                 return Err(format!(
-                    "document {}: no kind: expected a Pod, a workload or an AdmissionReview",
+                    "{file}: document {}: no kind: expected a Kubernetes object (a Pod, a workload, an AdmissionReview, ...)",
                     i + 1
                 ))
             }
-            (k, api) if is_workload(policy, api, k) => input.subjects.push(d),
-            (k, _) => {
-                return Err(format!(
-                    "a {k} ({api}): expected a Pod, a workload the policy lists (workloads.kinds) or an AdmissionReview, with the ResourceClaims (resource.k8s.io/v1), ResourceClaimTemplates and Namespaces they use"
-                ))
+            "Pod" | "AdmissionReview" => Entry::Subject(d),
+            _ if add_context(&mut input.context, &d, namespace)
+                .map_err(|e| format!("{file}: document {}: a {kind} ({api}): {e}", i + 1))? =>
+            {
+                continue
             }
-        }
-    }
-    if input.subjects.is_empty() {
-        return Err("no Pod, workload or AdmissionReview to review".into());
+            k if is_workload(policy, &api, k) => Entry::Subject(d),
+            k => Entry::Skipped(Skipped {
+                reason: not_reviewed(policy, &api, k),
+                kind: kind.clone(),
+                namespace: d
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .unwrap_or(namespace)
+                    .to_owned(),
+                name: d
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+                api_version: api,
+            }),
+        };
+        input.entries.push(Entered { file, what });
     }
     Ok(input)
+}
+
+/// Why tollgate does not review an object of this kind, in the user's words.
+fn not_reviewed(policy: &Policy, api: &str, kind: &str) -> String {
+    let listed: Vec<String> = policy
+        .workloads
+        .kinds
+        .iter()
+        .filter(|k| k.kind == kind)
+        .map(|k| {
+            if k.group.is_empty() {
+                k.version.clone()
+            } else {
+                format!("{}/{}", k.group, k.version)
+            }
+        })
+        .collect();
+    if listed.is_empty() {
+        "tollgate reviews Pods, AdmissionReviews and the workloads its policy lists (workloads.kinds)".into()
+    } else {
+        format!(
+            "its policy lists {kind} as {}, not {api}",
+            listed.join(" and ")
+        )
+    }
 }
 
 fn is_workload(policy: &Policy, api: &str, kind: &str) -> bool {
@@ -306,10 +482,55 @@ pub struct CliResult {
     /// For a workload: its kind (`Job`), and what became of each of its pod templates.
     pub workload: Option<String>,
     pub templates: Vec<TemplateVerdict>,
+    /// The file it came from, when the input was a directory.
+    pub file: Option<String>,
+    /// An object not reviewed, and why.
+    pub skipped: Option<Skipped>,
 }
 
 impl CliResult {
+    /// The result of an object tollgate does not review: it changes nothing about the exit
+    /// status.
+    pub fn skipped(s: &Skipped) -> CliResult {
+        CliResult {
+            allowed: true,
+            message: None,
+            warnings: vec![],
+            patch: None,
+            mutated: None,
+            mutate_response: None,
+            validate_response: None,
+            namespace: s.namespace.clone(),
+            name: s.name.clone(),
+            steps: vec![],
+            profile: None,
+            workload: None,
+            templates: vec![],
+            file: None,
+            skipped: Some(s.clone()),
+        }
+    }
+
     pub fn to_json(&self) -> Value {
+        let mut v = self.json();
+        if let (Some(file), Value::Object(m)) = (&self.file, &mut v) {
+            m.insert("file".into(), Value::from(file.as_str()));
+        }
+        v
+    }
+
+    fn json(&self) -> Value {
+        if let Some(s) = &self.skipped {
+            return json!({
+                "decision": "skipped",
+                "allowed": true,
+                "kind": s.kind,
+                "apiVersion": s.api_version,
+                "namespace": s.namespace,
+                "name": s.name,
+                "reason": s.reason,
+            });
+        }
         let Some(kind) = &self.workload else {
             return json!({
                 "decision": if self.allowed { "allowed" } else { "denied" },
@@ -347,12 +568,27 @@ impl CliResult {
     }
 
     pub fn to_text(&self) -> String {
+        let from = self
+            .file
+            .as_deref()
+            .map(|f| format!("{f}: "))
+            .unwrap_or_default();
+        if let Some(s) = &self.skipped {
+            return format!(
+                "{from}{} {}/{} ({}): not reviewed: {}\n",
+                s.kind.to_ascii_lowercase(),
+                s.namespace,
+                s.name,
+                s.api_version,
+                s.reason
+            );
+        }
         let noun = self
             .workload
             .as_deref()
             .map_or("pod".to_owned(), str::to_ascii_lowercase);
         let mut out = format!(
-            "{noun} {}/{}: {}",
+            "{from}{noun} {}/{}: {}",
             self.namespace,
             self.name,
             if self.allowed { "allowed" } else { "denied" }
@@ -394,10 +630,11 @@ impl CliResult {
                 ));
             }
         }
-        // A workload is only ever changed in its opt-out approval: shown when it was.
-        let changed = self.workload.is_none() || self.patch.is_some();
+        // Shown only when the mutating webhook changed it (a workload is only ever changed
+        // in its opt-out approval).
+        let changed = self.patch.as_ref().is_some_and(|p| !p.0.is_empty());
         if let Some(m) = self.mutated.as_ref().filter(|_| changed) {
-            out.push_str(&format!("\nmutated {noun}:\n"));
+            out.push_str(&format!("\n{noun} as mutated:\n"));
             out.push_str(&serde_saphyr::to_string(m).unwrap_or_default());
         }
         out
@@ -456,6 +693,8 @@ impl CliResult {
             profile: None,
             workload: None,
             templates: vec![],
+            file: None,
+            skipped: None,
         };
         if let Some(r) = &judged.mutate {
             result.patch = r.patch();

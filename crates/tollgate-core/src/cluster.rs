@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use serde_json::{Map, Value};
 
 /// One answer of a [`Cluster`].
 #[derive(Debug, Clone, PartialEq)]
@@ -228,5 +229,123 @@ impl Cluster for Layered<'_> {
             Lookup::Unknown => self.then.namespace(name),
             known => known,
         }
+    }
+}
+
+/// The `resource.k8s.io` versions a 1.33-1.37 apiserver serves ResourceClaims and
+/// ResourceClaimTemplates in, newest first; each is read as v1.
+pub const DRA_API_VERSIONS: [&str; 3] = [
+    "resource.k8s.io/v1",
+    "resource.k8s.io/v1beta2",
+    "resource.k8s.io/v1beta1",
+];
+
+/// A ResourceClaim written in any served version, as v1.
+pub fn claim_from(object: &Value) -> Result<ResourceClaim, String> {
+    serde_json::from_value(as_v1(object, "/spec/devices/requests")?).map_err(|e| e.to_string())
+}
+
+/// A ResourceClaimTemplate written in any served version, as v1.
+pub fn claim_template_from(object: &Value) -> Result<ResourceClaimTemplate, String> {
+    serde_json::from_value(as_v1(object, "/spec/spec/devices/requests")?).map_err(|e| e.to_string())
+}
+
+/// The fields of a v1beta1 device request that v1beta2 and v1 keep under `exactly`.
+const EXACT_FIELDS: [&str; 7] = [
+    "deviceClassName",
+    "selectors",
+    "allocationMode",
+    "count",
+    "adminAccess",
+    "tolerations",
+    "capacity",
+];
+
+/// `object` in `resource.k8s.io/v1`, as the apiserver converts it
+/// (`pkg/apis/resource/v1beta1/conversion.go`): v1beta2 has v1's shape; a v1beta1 device
+/// request keeps its class, selectors, count and the rest on the request itself, which v1
+/// moves under `exactly` when any is set (`firstAvailable` stays as it is). `requests`
+/// points at the device requests.
+fn as_v1(object: &Value, requests: &str) -> Result<Value, String> {
+    let api = object
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if !DRA_API_VERSIONS.contains(&api) {
+        return Err(format!(
+            "apiVersion {api:?} is not one of {}",
+            DRA_API_VERSIONS.join(", ")
+        ));
+    }
+    let mut v = object.clone();
+    v["apiVersion"] = Value::from(DRA_API_VERSIONS[0]);
+    if api == "resource.k8s.io/v1beta1" {
+        for r in v
+            .pointer_mut(requests)
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            let Value::Object(r) = r else { continue };
+            let exact: Map<String, Value> = EXACT_FIELDS
+                .iter()
+                .filter_map(|k| r.remove(*k).map(|v| ((*k).to_owned(), v)))
+                .collect();
+            if !exact.is_empty() {
+                r.insert("exactly".into(), Value::Object(exact));
+            }
+        }
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_of_every_served_version_are_read_as_v1() {
+        let v1beta1 = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "two-gpus"},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpus", "deviceClassName": "gpu.nvidia.com", "count": 2},
+                {"name": "any", "firstAvailable": [{"name": "big", "deviceClassName": "gpu.nvidia.com"}]}
+            ]}}}
+        });
+        let t = claim_template_from(&v1beta1).unwrap();
+        let requests = t.spec.spec.devices.unwrap().requests.unwrap();
+        let exactly = requests[0].exactly.as_ref().unwrap();
+        assert_eq!(exactly.device_class_name, "gpu.nvidia.com");
+        assert_eq!(exactly.count, Some(2));
+        assert!(requests[1].exactly.is_none());
+        assert_eq!(requests[1].first_available.as_ref().unwrap()[0].name, "big");
+
+        let mut v1beta2 = v1beta1.clone();
+        v1beta2["apiVersion"] = "resource.k8s.io/v1beta2".into();
+        v1beta2["spec"]["spec"]["devices"]["requests"] = serde_json::json!([
+            {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}
+        ]);
+        let t = claim_template_from(&v1beta2).unwrap();
+        let requests = t.spec.spec.devices.unwrap().requests.unwrap();
+        assert_eq!(requests[0].exactly.as_ref().unwrap().count, Some(2));
+
+        let claim = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ml"},
+            "spec": {"devices": {"requests": [{"name": "g", "deviceClassName": "mig.nvidia.com"}]}}
+        });
+        let c = claim_from(&claim).unwrap();
+        let requests = c.spec.devices.unwrap().requests.unwrap();
+        assert_eq!(
+            requests[0].exactly.as_ref().unwrap().device_class_name,
+            "mig.nvidia.com"
+        );
+
+        let mut other = v1beta1;
+        other["apiVersion"] = "resource.k8s.io/v1alpha3".into();
+        assert!(claim_template_from(&other)
+            .unwrap_err()
+            .contains("v1alpha3"));
     }
 }

@@ -103,6 +103,9 @@ pub struct Gpus<'p> {
     claim_classes: Vec<(Class<'p>, String)>,
     /// For the user: claims that could not be read, requests counted as one GPU.
     pub warnings: Vec<String>,
+    /// The claims that could not be read, as a message names them:
+    /// `ResourceClaimTemplate "two-gpus" of claim "gpus" (it does not exist)`.
+    pub unread: Vec<String>,
     /// Objects the cluster context did not know; the shell may fetch them and review again.
     pub unresolved: Vec<ObjectKey>,
 }
@@ -283,11 +286,11 @@ impl<'p> Gpus<'p> {
                 ""
             }
         };
+        let what = format!("{} {name:?} of claim {:?}{why}", kind.as_str(), claim.name);
         self.warnings.push(format!(
-            "tollgate: could not read {} {name:?} of claim {:?}{why}; GPUs it may hold got no toleration, driver or per-GPU default",
-            kind.as_str(),
-            claim.name
+            "tollgate: could not read {what}; GPUs it may hold got no toleration, driver or per-GPU default"
         ));
+        self.unread.push(what);
         None
     }
 

@@ -59,6 +59,11 @@ pub const SUMMARY_SEPARATOR: &str = "; ";
 pub const OPTED_OUT_WARNING: Template = Template(
     "tollgate: pod {pod} opted out ({annotation}); its resource requests were not checked",
 );
+/// After a denial, for each claim of the pod tollgate could not read: why the pod did not
+/// get what a GPU pod gets (its requests may be missing for that reason alone).
+pub const UNREAD_CLAIM_LINE: Template = Template(
+    "tollgate could not read the {claim}, so it did not treat this pod as a GPU pod: it got no GPU toleration, driver or default limits. Apply the claim's ResourceClaim or ResourceClaimTemplate (resource.k8s.io v1, v1beta2 or v1beta1) in the pod's namespace first.",
+);
 /// A workload's denial: the first line, a container line led by its template, the
 /// opt-out lines (for the pod template rather than for this pod).
 pub const WORKLOAD_HEADLINE: Template = Template(

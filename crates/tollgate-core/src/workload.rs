@@ -524,6 +524,8 @@ struct Finding<'v> {
     t: Template<'v>,
     missing: Vec<Missing>,
     opt_out: OptOut,
+    /// Claims of its pods that could not be read.
+    unread: Vec<String>,
 }
 
 /// The validating webhook for a workload: each new or changed template judged as the
@@ -682,6 +684,7 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
         };
         out.templates.push(verdict(decided));
         judged.verdict = verdict(decided);
+        let unread = judgement.unread_claims.clone();
         judged.judgement = Some(judgement);
         out.judged.push(judged);
         if !decision.allowed {
@@ -690,6 +693,7 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
                     t: j.t,
                     missing: decision.missing,
                     opt_out,
+                    unread,
                 },
                 p,
             ));
@@ -726,13 +730,14 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
                 opt_out: &f.opt_out,
             })
             .collect();
-        message.push(validate::denial_message(
-            p,
-            "",
-            Some(&subject),
-            &parts,
-            &w.who,
-        ));
+        let mut m = validate::denial_message(p, "", Some(&subject), &parts, &w.who);
+        for (f, _) in &findings {
+            for claim in &f.unread {
+                m.push('\n');
+                m.push_str(&f.t.lead(&validate::UNREAD_CLAIM_LINE.fill(&[("claim", claim)])));
+            }
+        }
+        message.push(m);
     }
     if !message.is_empty() {
         out.allowed = false;

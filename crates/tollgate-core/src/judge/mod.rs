@@ -91,6 +91,9 @@ pub struct Judgement {
     /// Objects the cluster context did not know (a claim created a moment ago): the shell
     /// may fetch them and judge again.
     pub unresolved: Vec<ObjectKey>,
+    /// The pod's claims that could not be read (`gpu::Gpus::unread`): a refused pod's
+    /// message says so, since the pod was not treated as a GPU pod.
+    pub unread_claims: Vec<String>,
 }
 
 impl Judgement {
@@ -117,6 +120,7 @@ pub fn pod(
         mutation: None,
         validation: None,
         unresolved: vec![],
+        unread_claims: vec![],
     };
     let decide = |pod: &Pod| {
         s.opt_out
@@ -125,14 +129,8 @@ pub fn pod(
     };
     if stages.mutates() && policy.mutation.operations.contains(&s.operation) {
         let opt_out = decide(pod);
-        j.mutation = Some(mutation(
-            s,
-            cluster,
-            pod,
-            &opt_out,
-            patch,
-            &mut j.unresolved,
-        ));
+        let m = mutation(s, cluster, pod, &opt_out, patch, &mut j);
+        j.mutation = Some(m);
         j.opt_out = Some(opt_out);
     }
     if stages.validates() {
@@ -143,14 +141,47 @@ pub fn pod(
         }
         j.validation = Some(if validate::judges(policy, s.operation) {
             let opt_out = j.opt_out.take().unwrap_or_else(|| decide(pod));
-            let d = validate::judge(policy, pod, &s.who, opt_out.clone());
+            let mut d = validate::judge(policy, pod, &s.who, opt_out.clone());
             j.opt_out = Some(opt_out);
+            if !d.allowed {
+                explain_unread_claims(s, cluster, pod, &mut j, &mut d);
+            }
             d
         } else {
             Decision::skipped()
         });
     }
     j
+}
+
+/// A refused pod whose claims could not be read was not treated as a GPU pod: its message
+/// says so, since that alone may be why it lacks requests. Only a refusal pays for the
+/// look (the validating webhook alone has not read the claims yet).
+fn explain_unread_claims(
+    s: &Subject<'_, '_>,
+    cluster: &dyn Cluster,
+    pod: &Pod,
+    j: &mut Judgement,
+    d: &mut Decision,
+) {
+    let has_claims = pod
+        .spec
+        .as_ref()
+        .is_some_and(|p| p.resource_claims.as_ref().is_some_and(|c| !c.is_empty()));
+    if !has_claims {
+        return;
+    }
+    if j.mutation.is_none() {
+        let gpus = Gpus::of(s.policy, pod, s.who.namespace, cluster);
+        j.unresolved.extend(gpus.unresolved.iter().cloned());
+        j.unread_claims.extend(gpus.unread.iter().cloned());
+    }
+    if let Some(message) = d.message.as_mut() {
+        for claim in &j.unread_claims {
+            message.push('\n');
+            validate::UNREAD_CLAIM_LINE.fill_into(message, &[("claim", claim)]);
+        }
+    }
 }
 
 /// The mutating webhook on a pod whose opt-out is decided.
@@ -160,7 +191,7 @@ fn mutation(
     pod: &mut Pod,
     opt_out: &OptOut,
     patch: bool,
-    unresolved: &mut Vec<ObjectKey>,
+    j: &mut Judgement,
 ) -> Mutation {
     let policy = s.policy;
     let mut m = Mutation::default();
@@ -174,7 +205,8 @@ fn mutation(
     }
     let gpus = Gpus::of(policy, pod, s.who.namespace, cluster);
     m.warnings.extend(gpus.warnings.iter().cloned());
-    unresolved.extend(gpus.unresolved.iter().cloned());
+    j.unresolved.extend(gpus.unresolved.iter().cloned());
+    j.unread_claims.extend(gpus.unread.iter().cloned());
     if !mutate::is_training_pod(policy, pod, &gpus) {
         return m;
     }
