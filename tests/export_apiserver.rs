@@ -4,11 +4,11 @@
 //! tests/export_kubectl.rs holds the export to the OpenAPI schema, as `kubectl
 //! --validate=strict` does; a real apiserver also compiles and type-checks every CEL
 //! expression in the admission environment, and refused an export whose variable was
-//! named `namespace` (a reserved word). tests/support/vap_check.rs is that stand-in: the
+//! named `namespace` (a reserved word). crates/vap-check is that stand-in: the
 //! validation of `pkg/apis/admissionregistration/validation/validation.go`, a port of
 //! cel-go's type checker with the Kubernetes environment's declarations and functions, and
-//! a runtime cost count after cel-go's cost model. Its own unit tests show it refusing
-//! what it claims to refuse.
+//! a runtime cost count after cel-go's cost model. Its own tests
+//! (crates/vap-check/tests/rules.rs) show it refusing what it claims to refuse.
 //!
 //! The exports checked: the built-in policy (a copy of policies/default.yaml), every
 //! policy file of the repository (policies/, deploy/ (the two-teams overlay's among them),
@@ -25,8 +25,6 @@
 //! placed in each profile's namespaces and labels so that every policy is judged in scope.
 
 mod common;
-#[path = "support/vap_check.rs"]
-mod vap_check;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,6 +36,7 @@ use serde_json::{json, Value};
 use tollgate_core::export;
 use tollgate_core::policy::{OptOut, Policy, ProfileMatch};
 
+use tollgate_vap_check as vap_check;
 use vap_check::{Evaluable, Input, Library, Val};
 
 /// The apiserver whose checks are the bar (the issue's), and the oldest the export claims
