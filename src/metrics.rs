@@ -384,7 +384,11 @@ impl Metrics {
                 step: step.as_str(),
             });
         }
-        for reason in [Verdict::MissingRequests, Verdict::ForgedApproval] {
+        for reason in [
+            Verdict::MissingRequests,
+            Verdict::ForgedApproval,
+            Verdict::Infeasible,
+        ] {
             let _ = self.denials.get_or_create(&ReasonLabels {
                 reason: reason.as_str(),
             });

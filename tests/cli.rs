@@ -650,18 +650,19 @@ spec:
         assert_eq!(out.status.code(), Some(code));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         let results = v.as_array().unwrap();
-        assert_eq!(results.len(), 5, "{v}");
+        // The DeviceClass is context (what the cluster has), not a result.
+        assert_eq!(results.len(), 4, "{v}");
         let skipped: Vec<&str> = results
             .iter()
             .filter(|r| r["decision"] == "skipped")
             .map(|r| r["kind"].as_str().unwrap())
             .collect();
-        assert_eq!(skipped, ["Service", "ConfigMap", "DeviceClass", "CronJob"]);
+        assert_eq!(skipped, ["Service", "ConfigMap", "CronJob"]);
         assert!(results[0]["reason"]
             .as_str()
             .unwrap()
             .contains("workloads.kinds"));
-        assert_eq!(results[4]["kind"], "Deployment");
+        assert_eq!(results[3]["kind"], "Deployment");
     }
 }
 

@@ -31,6 +31,9 @@ use tollgate_core::review::{review_bytes_with, Endpoint};
 use tollgate_core::validate::{self, Verdict};
 use tollgate_core::words::one_line;
 
+/// How the line of a claim tollgate could not read starts (`validate::UNREAD_CLAIM_LINE`).
+const CLAIM_NOT_READ: &str = "tollgate could not read the ";
+
 /// Generated policies, and requests (a pod and who creates it where) per policy.
 const POLICIES: u64 = 150;
 const REQUESTS_PER_POLICY: u64 = 70;
@@ -316,7 +319,15 @@ fn webhook(policy: &Policy, review: &Value, namespace: &Value) -> Decision {
         None
     } else {
         match policy.validation.mode {
-            Mode::Enforce => Some(one_line(response.result.message.split('\n'))),
+            // What the webhook adds from the cluster context (a claim it could not read)
+            // the exported policy cannot know: a difference its notes name.
+            Mode::Enforce => Some(one_line(
+                response
+                    .result
+                    .message
+                    .split('\n')
+                    .filter(|l| !l.starts_with(CLAIM_NOT_READ)),
+            )),
             Mode::Warn => Some(one_line(
                 response.warnings.iter().flatten().map(String::as_str),
             )),

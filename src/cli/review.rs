@@ -56,6 +56,11 @@ pub struct ReviewArgs {
     /// With a directory: its subdirectories too.
     #[arg(short = 'R', long)]
     pub recursive: bool,
+    /// A saved picture of the cluster to review against: its Nodes, ResourceQuotas and
+    /// DeviceClasses (and claims and namespaces), such as the output of `kubectl get
+    /// nodes,resourcequotas,deviceclasses -A -o yaml`. Other objects in it are left out.
+    #[arg(long, value_name = "FILE")]
+    pub cluster_state: Option<PathBuf>,
     /// Policy file (YAML) [default: the built-in policy, a copy of policies/default.yaml].
     #[arg(long)]
     pub policy: Option<PathBuf>,
@@ -140,7 +145,19 @@ fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
             docs.push((name.as_str(), d));
         }
     }
-    let input = split(docs, &policy, default_ns).map_err(Unusable)?;
+    let mut input = split(docs, &policy, default_ns).map_err(Unusable)?;
+    if let Some(path) = &a.cluster_state {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| Unusable(format!("{name}: {e}")))?;
+        for (i, d) in documents(&text)
+            .map_err(|e| Unusable(format!("{name}: {e}")))?
+            .iter()
+            .enumerate()
+        {
+            add_context(&mut input.context, d, default_ns)
+                .map_err(|e| Unusable(format!("{name}: document {}: {e}", i + 1)))?;
+        }
+    }
     if input.entries.is_empty() {
         return Err(Unusable(format!(
             "{}: nothing to review: no Pod, workload or AdmissionReview, only the cluster context they would use",
@@ -300,10 +317,11 @@ fn namespace_object(name: &str, labels: &BTreeMap<String, String>) -> Namespace 
 }
 
 /// Adds `doc` to `context` if it is a context object (a ResourceClaim or
-/// ResourceClaimTemplate of any served `resource.k8s.io` version, read as v1, or a
-/// Namespace); false if it is another kind. A claim or template written without a
-/// namespace lands in `namespace`, as kubectl puts it; a Namespace gets the name label the
-/// apiserver sets on every namespace.
+/// ResourceClaimTemplate of any served `resource.k8s.io` version, read as v1, a Namespace,
+/// a Node, a ResourceQuota or a DeviceClass); false if it is another kind. A claim,
+/// template or quota written without a namespace lands in `namespace`, as kubectl puts it;
+/// a Namespace gets the name label the apiserver sets on every namespace. With one Node,
+/// quota or DeviceClass, the context knows them all: those it holds, none elsewhere.
 pub fn add_context(context: &mut Objects, doc: &Value, namespace: &str) -> Result<bool, String> {
     let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
     let api = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
@@ -321,8 +339,24 @@ pub fn add_context(context: &mut Objects, doc: &Value, namespace: &str) -> Resul
         }
         doc
     };
+    let device_class = matches!(
+        api,
+        "resource.k8s.io/v1" | "resource.k8s.io/v1beta2" | "resource.k8s.io/v1beta1"
+    );
     match (kind, api) {
         ("ResourceClaim", _) if dra => context.add_claim(cluster::claim_from(&in_namespace(doc))?),
+        ("Node", "v1") => {
+            context.add_node(serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?)
+        }
+        ("ResourceQuota", "v1") => {
+            context.add_quota(serde_json::from_value(in_namespace(doc)).map_err(|e| e.to_string())?)
+        }
+        ("DeviceClass", _) if device_class => context.add_device_class(
+            doc.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+        ),
         ("ResourceClaimTemplate", _) if dra => {
             context.add_template(cluster::claim_template_from(&in_namespace(doc))?)
         }

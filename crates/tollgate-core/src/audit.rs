@@ -120,6 +120,8 @@ pub enum Rule {
     Review,
     /// Validation: required resource requests.
     Requests,
+    /// It can never run here (a quota, the nodes, a DeviceClass), or not now.
+    Feasibility,
     /// A mutation step that would change the object.
     Step(Step),
     /// The object asks to opt out.
@@ -129,15 +131,16 @@ pub enum Rule {
 impl Rule {
     /// Every rule, in the order findings of one object are listed: the mutation steps in
     /// their own order ([`Step::ALL`]), so that a new step is a rule without a line here.
-    pub const ALL: [Rule; 3 + Step::ALL.len()] = {
-        let mut all = [Rule::Review; 3 + Step::ALL.len()];
+    pub const ALL: [Rule; 4 + Step::ALL.len()] = {
+        let mut all = [Rule::Review; 4 + Step::ALL.len()];
         all[1] = Rule::Requests;
+        all[2] = Rule::Feasibility;
         let mut i = 0;
         while i < Step::ALL.len() {
-            all[2 + i] = Rule::Step(Step::ALL[i]);
+            all[3 + i] = Rule::Step(Step::ALL[i]);
             i += 1;
         }
-        all[2 + Step::ALL.len()] = Rule::OptOut;
+        all[3 + Step::ALL.len()] = Rule::OptOut;
         all
     };
 
@@ -145,15 +148,18 @@ impl Rule {
         match self {
             Rule::Review => "review",
             Rule::Requests => "requests",
+            Rule::Feasibility => "feasibility",
             Rule::Step(s) => s.as_str(),
             Rule::OptOut => "opt-out",
         }
     }
 
-    /// `refused`, `mutation` or `opt-out`: which question of the audit it answers.
+    /// `refused`, `feasibility`, `mutation` or `opt-out`: which question of the audit it
+    /// answers.
     pub fn category(self) -> &'static str {
         match self {
             Rule::Review | Rule::Requests => "refused",
+            Rule::Feasibility => "feasibility",
             Rule::Step(_) => "mutation",
             Rule::OptOut => "opt-out",
         }
@@ -376,6 +382,7 @@ pub fn judge(
         who: requester,
         operation: Operation::Create,
         opt_out: None,
+        template: false,
     };
     // Decided here only when neither webhook would (nothing mutated, nothing validated):
     // the opt-out is still reported.
@@ -389,6 +396,7 @@ pub fn judge(
         &j,
         j.opt_out.as_ref().unwrap_or(&opt_out),
         approved_for.as_deref().filter(|_| user.is_some()),
+        true,
     );
     out.opt_out = drawn.opt_out;
     out.findings = drawn.findings;
@@ -481,11 +489,13 @@ fn judge_workload(
             first = false;
         }
         let drawn = match &t.judgement {
+            // Feasibility is the workload's: its pods in all, below.
             Some(j) => Drawn::of(
                 p,
                 j,
                 opt_out,
                 t.approved_for.as_deref().filter(|_| user.is_some()),
+                false,
             ),
             // Opted out: neither mutated nor checked.
             None => Drawn::opted_out(
@@ -502,10 +512,30 @@ fn judge_workload(
             f
         }));
     }
+    out.findings.extend(feasibility_findings(&v.feasibility));
     // By rule, then in template order (a stable sort).
     out.findings
         .sort_by_key(|f| Rule::ALL.iter().position(|r| *r == f.rule));
     out
+}
+
+/// Feasibility's findings as the audit's: what can never run fails (it would be refused
+/// under `feasibility.mode: enforce`, and never runs in any mode), what cannot run now
+/// warns.
+fn feasibility_findings(found: &[crate::feasible::Finding]) -> impl Iterator<Item = Finding> + '_ {
+    found.iter().map(|f| Finding {
+        rule: Rule::Feasibility,
+        status: if f.never { Status::Fail } else { Status::Warn },
+        message: if f.never {
+            format!("can never run: {}", f.message)
+        } else if f.in_turns {
+            format!("runs in turns: {}", f.message)
+        } else {
+            format!("cannot run now: {}", f.message)
+        },
+        missing: vec![],
+        adds: vec![],
+    })
 }
 
 /// The policy a profile stands for (the base policy for None or a name it lacks).
@@ -532,6 +562,7 @@ impl Drawn {
         j: &judge::Judgement,
         opt_out: &OptOut,
         approved_for: Option<&str>,
+        feasibility: bool,
     ) -> Drawn {
         let mut out = Drawn::opted_out(policy, opt_out, approved_for);
         let unverified = matches!(out.opt_out, OptOutState::Unverified(_));
@@ -569,6 +600,9 @@ impl Drawn {
                     adds: vec![],
                 });
             }
+        }
+        if let Some(f) = j.feasibility.as_ref().filter(|_| feasibility) {
+            out.findings.extend(feasibility_findings(&f.findings));
         }
         if let Some(m) = &j.mutation {
             for step in &m.outcome.applied {

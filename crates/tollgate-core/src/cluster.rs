@@ -1,6 +1,7 @@
 //! What a review may know about other objects in the cluster: the ResourceClaims and
-//! ResourceClaimTemplates a pod's GPUs come through, and the Namespaces policy profiles
-//! match on.
+//! ResourceClaimTemplates a pod's GPUs come through, the Namespaces policy profiles
+//! match on, and what the cluster offers pods (its nodes by shape, its ResourceQuotas, its
+//! DeviceClasses), which feasibility compares them with.
 //!
 //! The engine never reads the cluster itself. It asks a [`Cluster`], which the shell backs
 //! with caches fed by watches (`tollgate serve`), with the objects of an input file
@@ -13,8 +14,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Node, ResourceQuota};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+
+use crate::capacity::Nodes;
 use serde_json::{Map, Value};
 
 /// One answer of a [`Cluster`].
@@ -86,6 +89,24 @@ pub trait Cluster {
     fn is_offline(&self) -> bool {
         false
     }
+
+    /// The schedulable nodes, by shape. None: this context does not hold nodes at all
+    /// (none given to `tollgate review`, no cluster context): feasibility says nothing of
+    /// them. `Some(Unknown)`: it should and does not yet (a cache not synced): said once.
+    fn nodes(&self) -> Option<Lookup<Arc<Nodes>>> {
+        None
+    }
+
+    /// The ResourceQuotas of a namespace (none: an empty list). None and `Some(Unknown)`
+    /// as for [`Cluster::nodes`].
+    fn resource_quotas(&self, _namespace: &str) -> Option<Lookup<Arc<[Arc<ResourceQuota>]>>> {
+        None
+    }
+
+    /// The names of the DeviceClasses. None and `Some(Unknown)` as for [`Cluster::nodes`].
+    fn device_classes(&self) -> Option<Lookup<Arc<BTreeSet<String>>>> {
+        None
+    }
 }
 
 /// No cluster context at all: every object is unknown.
@@ -118,6 +139,14 @@ pub struct Objects {
     /// Objects known not to exist (a GET answered 404).
     pub absent: BTreeSet<ObjectKey>,
     pub complete: bool,
+    /// The nodes, when the set holds them (None: it says nothing of nodes).
+    pub nodes: Option<Arc<Nodes>>,
+    /// The ResourceQuotas by namespace, when the set holds them.
+    pub quotas: Option<BTreeMap<String, Arc<[Arc<ResourceQuota>]>>>,
+    /// The DeviceClasses' names, when the set holds them.
+    pub device_classes: Option<Arc<BTreeSet<String>>>,
+    /// The Node objects `nodes` was built from (a file's).
+    pub node_objects: Vec<Node>,
 }
 
 impl Objects {
@@ -155,6 +184,40 @@ impl Objects {
     pub fn add_namespace(&mut self, n: Namespace) {
         let name = n.metadata.name.clone().unwrap_or_default();
         self.namespaces.insert(name, Arc::new(n));
+    }
+
+    /// Adds a ResourceQuota: from now on the set knows every namespace's quotas (those it
+    /// holds, none elsewhere).
+    pub fn add_quota(&mut self, q: ResourceQuota) {
+        let ns = q.metadata.namespace.clone().unwrap_or_default();
+        let quotas = self.quotas.get_or_insert_with(BTreeMap::new);
+        let mut list: Vec<Arc<ResourceQuota>> =
+            quotas.get(&ns).map(|l| l.to_vec()).unwrap_or_default();
+        list.push(Arc::new(q));
+        quotas.insert(ns, list.into());
+    }
+
+    /// Says the set knows every quota there is (none, unless added).
+    pub fn know_quotas(&mut self) {
+        self.quotas.get_or_insert_with(BTreeMap::new);
+    }
+
+    /// The nodes: from now on the set knows them all.
+    pub fn set_nodes(&mut self, nodes: Nodes) {
+        self.nodes = Some(Arc::new(nodes));
+    }
+
+    /// Adds a Node (a file's): from now on the set knows every node (those it holds).
+    pub fn add_node(&mut self, node: Node) {
+        self.node_objects.push(node);
+        self.nodes = Some(Arc::new(Nodes::of(&self.node_objects)));
+    }
+
+    /// Adds a DeviceClass's name: from now on the set knows them all.
+    pub fn add_device_class(&mut self, name: String) {
+        let mut all: BTreeSet<String> = self.device_classes.as_deref().cloned().unwrap_or_default();
+        all.insert(name);
+        self.device_classes = Some(Arc::new(all));
     }
 
     pub fn is_empty(&self) -> bool {
@@ -197,6 +260,21 @@ impl Cluster for Objects {
             None => self.miss(Kind::Namespace, "", name),
         }
     }
+    fn nodes(&self) -> Option<Lookup<Arc<Nodes>>> {
+        self.nodes.clone().map(Lookup::Found)
+    }
+    fn resource_quotas(&self, namespace: &str) -> Option<Lookup<Arc<[Arc<ResourceQuota>]>>> {
+        let quotas = self.quotas.as_ref()?;
+        Some(Lookup::Found(
+            quotas
+                .get(namespace)
+                .cloned()
+                .unwrap_or_else(|| Arc::new([])),
+        ))
+    }
+    fn device_classes(&self) -> Option<Lookup<Arc<BTreeSet<String>>>> {
+        self.device_classes.clone().map(Lookup::Found)
+    }
 }
 
 /// A [`Cluster`] in front of another: what `first` knows (found or absent) it answers,
@@ -229,6 +307,18 @@ impl Cluster for Layered<'_> {
             Lookup::Unknown => self.then.namespace(name),
             known => known,
         }
+    }
+    fn is_offline(&self) -> bool {
+        self.then.is_offline()
+    }
+    fn nodes(&self) -> Option<Lookup<Arc<Nodes>>> {
+        self.then.nodes()
+    }
+    fn resource_quotas(&self, namespace: &str) -> Option<Lookup<Arc<[Arc<ResourceQuota>]>>> {
+        self.then.resource_quotas(namespace)
+    }
+    fn device_classes(&self) -> Option<Lookup<Arc<BTreeSet<String>>>> {
+        self.then.device_classes()
     }
 }
 

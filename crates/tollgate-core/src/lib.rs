@@ -21,10 +21,12 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
+pub mod capacity;
 pub mod check;
 pub mod cluster;
 pub mod diff;
 pub mod export;
+pub mod feasible;
 pub mod glob;
 pub mod gpu;
 pub mod judge;

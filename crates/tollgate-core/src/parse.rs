@@ -18,7 +18,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::authentication::v1::UserInfo;
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus, ResourceRequirements};
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, Pod, PodResourceClaim, PodSpec, PodStatus, ResourceRequirements,
+    Toleration,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube_core::admission::{AdmissionRequest, Operation};
 use kube_core::{DynamicObject, GroupVersionKind, GroupVersionResource, TypeMeta};
@@ -34,8 +38,9 @@ pub enum Shape {
     Full,
     /// Of the metadata, the name, generateName, namespace and annotations; of the spec, the
     /// containers' names, requests, limits and restart policies and the pod-level
-    /// resources: what validation and the opt-out read. Everything else stays at its
-    /// default. The labels are kept as the JSON text they arrived as
+    /// resources (what validation and the opt-out read), and what feasibility reads: the
+    /// node selector, affinity, node name, tolerations, claims, overhead, priority class
+    /// and active deadline. Everything else stays at its default. The labels are kept as the JSON text they arrived as
     /// ([`Parsed::labels`]): only a profile that selects pods reads them.
     Validation,
 }
@@ -438,7 +443,8 @@ impl<'a> MetaShape<'a> for ValidationMeta<'a> {
     }
 }
 
-/// What validation reads of a PodSpec.
+/// What validation reads of a PodSpec: the containers' requests, and what feasibility
+/// reads (where the pod may be scheduled, its claims, what decides a quota's scope).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ValidationSpec {
@@ -446,6 +452,14 @@ struct ValidationSpec {
     containers: Vec<ValidationContainer>,
     init_containers: Option<Vec<ValidationContainer>>,
     resources: Option<ResourceRequirements>,
+    active_deadline_seconds: Option<i64>,
+    affinity: Option<Affinity>,
+    node_name: Option<String>,
+    node_selector: Option<BTreeMap<String, String>>,
+    overhead: Option<BTreeMap<String, Quantity>>,
+    priority_class_name: Option<String>,
+    resource_claims: Option<Vec<PodResourceClaim>>,
+    tolerations: Option<Vec<Toleration>>,
 }
 
 #[derive(Deserialize)]
@@ -476,6 +490,14 @@ impl From<ValidationSpec> for PodSpec {
                 .init_containers
                 .map(|l| l.into_iter().map(Into::into).collect()),
             resources: s.resources,
+            active_deadline_seconds: s.active_deadline_seconds,
+            affinity: s.affinity,
+            node_name: s.node_name,
+            node_selector: s.node_selector,
+            overhead: s.overhead,
+            priority_class_name: s.priority_class_name,
+            resource_claims: s.resource_claims,
+            tolerations: s.tolerations,
             ..Default::default()
         }
     }
@@ -588,6 +610,11 @@ mod tests {
             assert_eq!(got.metadata.generate_name, want.metadata.generate_name);
             let (ws, gs) = (want.spec.unwrap(), got.spec.unwrap());
             assert_eq!(gs.resources, ws.resources, "{name}");
+            assert_eq!(gs.tolerations, ws.tolerations, "{name}");
+            assert_eq!(gs.node_selector, ws.node_selector, "{name}");
+            assert_eq!(gs.affinity, ws.affinity, "{name}");
+            assert_eq!(gs.resource_claims, ws.resource_claims, "{name}");
+            assert_eq!(gs.priority_class_name, ws.priority_class_name, "{name}");
             let names = |l: &[Container]| -> Vec<_> {
                 l.iter()
                     .map(|c| {

@@ -439,6 +439,7 @@ fn review_pod(
         who,
         operation,
         opt_out: None,
+        template: false,
     };
     let j = judge::pod(
         &subject,

@@ -64,6 +64,13 @@ pub const OPTED_OUT_WARNING: Template = Template(
 pub const UNREAD_CLAIM_LINE: Template = Template(
     "tollgate could not read the {claim}, so it did not treat this pod as a GPU pod: it got no GPU toleration, driver or default limits. Apply the claim's ResourceClaim or ResourceClaimTemplate (resource.k8s.io v1, v1beta2 or v1beta1) in the pod's namespace first.",
 );
+/// Feasibility's words: the first line of a refusal, one line per finding, and the warning
+/// of what was not known (a finding's own is `feasible::Finding::warning`).
+pub const INFEASIBLE_HEADLINE: Template = Template("{subject} can never run in this cluster:");
+pub const INFEASIBLE_LINE: Template = Template("  - {finding}");
+pub const UNKNOWN_WARNING: Template = Template(
+    "tollgate: whether {subject} can run was not checked against {what}: tollgate does not know them yet",
+);
 /// A workload's denial: the first line, a container line led by its template, the
 /// opt-out lines (for the pod template rather than for this pod).
 pub const WORKLOAD_HEADLINE: Template = Template(
@@ -107,6 +114,9 @@ pub enum Verdict {
     /// A workload's template carries an opt-out approval tollgate did not give: refused
     /// whatever the mode.
     ForgedApproval,
+    /// It can never run here (a quota, the nodes, a DeviceClass): refused under
+    /// `feasibility.mode: enforce`.
+    Infeasible,
 }
 
 impl Verdict {
@@ -117,6 +127,7 @@ impl Verdict {
             Verdict::MissingRequests => "missing_requests",
             Verdict::OptedOut => "opted_out",
             Verdict::ForgedApproval => "forged_approval",
+            Verdict::Infeasible => "infeasible",
         }
     }
 }

@@ -20,14 +20,16 @@
 //! they are created.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use serde_json::{Map, Value};
 
 use crate::cluster::{Cluster, ObjectKey};
+use crate::feasible::{self, Usage};
 use crate::judge::{self, Judgement, Stages};
 use crate::optout::{self, OptOut};
-use crate::policy::{Operation, Policy, TemplateSpec, WorkloadKind};
+use crate::policy::{FeasibilityMode, Operation, Policy, TemplateSpec, WorkloadKind};
 use crate::requester::Requester;
 use crate::template_path::Path;
 use crate::validate::{self, Missing, Part, Verdict};
@@ -88,6 +90,11 @@ pub struct TemplateJudged {
     pub judgement: Option<Judgement>,
     /// Why the template could not be read as a pod spec.
     pub unreadable: Option<String>,
+    /// How many pods it makes (its spec's `count`).
+    pub pods: i128,
+    /// Whether its policy refuses a workload that can never run (`feasibility.mode:
+    /// enforce`), rather than warning.
+    pub enforce: bool,
 }
 
 /// What the validating webhook answers for a workload.
@@ -104,6 +111,9 @@ pub struct Validated {
     pub unresolved: Vec<ObjectKey>,
     /// Each template as judged, in order.
     pub judged: Vec<TemplateJudged>,
+    /// Whether its pods can run: each template's findings (led by its name) and the
+    /// quotas held to its pods in all.
+    pub feasibility: Vec<feasible::Finding>,
 }
 
 /// What the mutating webhook answers for a workload: at most the approval's changes.
@@ -242,6 +252,31 @@ pub fn pod_of(
         t.value.get("spec").cloned().unwrap_or(Value::Null),
     );
     serde_json::from_value(Value::Object(pod)).map_err(|e| e.to_string())
+}
+
+/// How many pods template `t` of `object` makes: the product of the numbers its spec's
+/// `count` paths find (each 1 where absent or not a number), less `countMinus`, never
+/// below zero.
+pub fn pod_count(t: &Template<'_>, object: &Value) -> i128 {
+    let mut n: i128 = 1;
+    for count in &t.spec.count {
+        let mut at: Vec<&str> = t.pointer.split('/').skip(1).collect();
+        let mut keys = vec![];
+        for seg in count.split('/') {
+            if seg == ".." {
+                at.pop();
+            } else {
+                keys.push(seg);
+            }
+        }
+        let pointer: String = at.iter().chain(&keys).map(|s| format!("/{s}")).collect();
+        let factor = object
+            .pointer(&pointer)
+            .and_then(Value::as_i64)
+            .map_or(1, i128::from);
+        n = n.saturating_mul(factor.max(0));
+    }
+    (n - i128::from(t.spec.count_minus)).max(0)
 }
 
 /// The workload's name for the controller's labels and the pods' generateName.
@@ -573,6 +608,8 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
             approved_for: approval.map(str::to_owned),
             judgement: None,
             unreadable: None,
+            pods: pod_count(&j.t, w.object),
+            enforce: p.feasibility.mode == FeasibilityMode::Enforce,
         };
         if !controller && !unknown {
             let expected = if !j.changed {
@@ -651,6 +688,7 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
                 who: w.who,
                 operation: Operation::Create,
                 opt_out: Some(opt_out.clone()),
+                template: true,
             },
             cluster,
             &mut pod,
@@ -702,9 +740,14 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
     if !forged.is_empty() {
         verdicts.push(Verdict::ForgedApproval);
     }
+    let never = feasibility(w, &subject, &mut out);
+    if !never.is_empty() {
+        verdicts.push(Verdict::Infeasible);
+    }
     out.verdict = [
         Verdict::ForgedApproval,
         Verdict::MissingRequests,
+        Verdict::Infeasible,
         Verdict::Passed,
         Verdict::OptedOut,
     ]
@@ -739,11 +782,150 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
         }
         message.push(m);
     }
+    if !never.is_empty() {
+        let mut m = String::new();
+        validate::INFEASIBLE_HEADLINE.fill_into(&mut m, &[("subject", &subject)]);
+        for line in &never {
+            m.push('\n');
+            validate::INFEASIBLE_LINE.fill_into(&mut m, &[("finding", line)]);
+        }
+        message.push(m);
+    }
     if !message.is_empty() {
         out.allowed = false;
         out.message = Some(message.join("\n\n"));
     }
     out
+}
+
+/// Whether the workload's pods can run, from what each template's judgement found: what
+/// rules out one pod of a template, and the quotas held to its pods in all (at once for a
+/// kind whose pods must run together; otherwise they run in turns, which is only said).
+/// Every finding goes to `out.feasibility`, and its warnings to `out.warnings`; what
+/// refuses the workload (a finding of `never` under `enforce`) is returned, a line each.
+fn feasibility(w: &Workload<'_>, subject: &str, out: &mut Validated) -> Vec<String> {
+    let mut found: Vec<(feasible::Finding, bool)> = vec![];
+    let mut unknown: Vec<String> = vec![];
+    // The quotas its pods are held to together: what they ask in all, how many they are,
+    // and whether any of their policies enforces.
+    let mut together: Vec<(Arc<ResourceQuota>, Usage, i128, bool)> = vec![];
+    for t in &out.judged {
+        let Some(f) = t.judgement.as_ref().and_then(|j| j.feasibility.as_ref()) else {
+            continue;
+        };
+        let lead = |m: &str| match &t.label {
+            Some(l) => format!("{l}: {m}"),
+            None => m.to_owned(),
+        };
+        for finding in &f.findings {
+            found.push((
+                feasible::Finding {
+                    never: finding.never,
+                    in_turns: finding.in_turns,
+                    message: lead(&finding.message),
+                },
+                t.enforce,
+            ));
+        }
+        for u in &f.unknown {
+            if !unknown.contains(u) {
+                unknown.push(u.clone());
+            }
+        }
+        if t.pods <= 1 && !w.kind.together {
+            continue;
+        }
+        let all = f.usage.times(t.pods);
+        for q in &f.quotas {
+            if w.kind.together {
+                match together.iter_mut().find(|(x, ..)| x.metadata == q.metadata) {
+                    Some((_, usage, pods, enforce)) => {
+                        usage.add(&all);
+                        *pods += t.pods;
+                        *enforce |= t.enforce;
+                    }
+                    None => together.push((q.clone(), all.clone(), t.pods, t.enforce)),
+                }
+                continue;
+            }
+            // Pods that need not run together: over the quota in all, they run in turns.
+            for o in feasible::over(q, &all, t.pods) {
+                let message = match &o.in_use {
+                    _ if o.never => format!(
+                        "{} allows {}: {}, and its {} pods ask for {} in all: they will run in turns, not all at once",
+                        feasible::quota_subject(q),
+                        o.key,
+                        o.limit,
+                        t.pods,
+                        o.asked
+                    ),
+                    in_use => format!(
+                        "{}: {} of {} {} are in use now, and its {} pods ask for {}: some wait until enough is freed",
+                        feasible::quota_subject(q),
+                        in_use.as_deref().unwrap_or("?"),
+                        o.limit,
+                        o.key,
+                        t.pods,
+                        o.asked
+                    ),
+                };
+                found.push((
+                    feasible::Finding {
+                        never: false,
+                        in_turns: o.never,
+                        message: lead(&message),
+                    },
+                    false,
+                ));
+            }
+        }
+    }
+    for (q, usage, pods, enforce) in &together {
+        for o in feasible::over(q, usage, *pods) {
+            let message = if o.never {
+                format!(
+                    "{} allows {}: {}, and its {pods} pods, which must run together, ask for {} in all: it can never run. Lower the replicas or what each pod asks for, or ask your platform team to raise the quota",
+                    feasible::quota_subject(q),
+                    o.key,
+                    o.limit,
+                    o.asked
+                )
+            } else {
+                format!(
+                    "{}: {} of {} {} are in use now, and its {pods} pods, which must run together, ask for {}: it waits until enough is freed",
+                    feasible::quota_subject(q),
+                    o.in_use.as_deref().unwrap_or("?"),
+                    o.limit,
+                    o.key,
+                    o.asked
+                )
+            };
+            found.push((
+                feasible::Finding {
+                    never: o.never,
+                    in_turns: false,
+                    message,
+                },
+                *enforce,
+            ));
+        }
+    }
+    let mut never = vec![];
+    for (f, enforce) in &found {
+        if f.never && *enforce {
+            never.push(f.message.clone());
+            continue;
+        }
+        out.warnings.push(f.warning(subject));
+    }
+    if !unknown.is_empty() {
+        out.warnings.push(validate::UNKNOWN_WARNING.fill(&[
+            ("subject", subject),
+            ("what", &crate::words::join_words(&unknown)),
+        ]));
+    }
+    out.feasibility = found.into_iter().map(|(f, _)| f).collect();
+    never
 }
 
 /// An object's labels (`metadata.labels`, string values only, as the apiserver allows).

@@ -138,6 +138,15 @@ fn notes(policy: &Policy) -> Vec<Note> {
                 .into(),
         });
     }
+    notes.push(Note {
+        kind: NoteKind::Differs,
+        field: "validation",
+        text: "what the webhook knows of the cluster stays with it: a pod refused while one \
+               of its DRA claims could not be read is told so by the webhook only, and \
+               whether a pod can ever run (feasibility: the quotas, the nodes, the \
+               DeviceClasses) is judged by the webhook alone"
+            .into(),
+    });
     for scope in scopes(policy) {
         validation_notes(&scope, &mut notes);
     }

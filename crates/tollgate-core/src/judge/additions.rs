@@ -87,6 +87,7 @@ fn check_additions(policy: &Policy, source: &str, at: &str) -> Result<(), Policy
         operation: Operation::Create,
         // Its requests are judged, whatever the opt-out rules say.
         opt_out: Some(crate::optout::OptOut::NotRequested),
+        template: false,
     };
     let j = super::pod(
         &subject,

@@ -18,12 +18,14 @@ pub mod additions;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::cluster::{Cluster, ObjectKey};
+use crate::feasible::{self, Feasibility};
 use crate::gpu::Gpus;
 use crate::mutate::{self, Outcome};
 use crate::optout::{self, OptOut};
-use crate::policy::{Operation, Policy};
+use crate::policy::{FeasibilityMode, Operation, Policy};
 use crate::requester::Requester;
-use crate::validate::{self, Decision};
+use crate::validate::{self, Decision, Verdict};
+use crate::words::quote;
 use crate::{diff, pod};
 
 /// Which webhooks judge the pod.
@@ -60,6 +62,9 @@ pub struct Subject<'a, 'p> {
     /// The opt-out, when whoever asks decided it (a workload, for the pods its template
     /// makes, whose requester is not the pod's); None: decided here, for `who`.
     pub opt_out: Option<OptOut>,
+    /// A workload's template: whether its pods can run is found here, and worded by the
+    /// workload for all its pods (how many, whether together); a pod's is decided here.
+    pub template: bool,
 }
 
 /// What the mutating webhook made of the pod.
@@ -94,6 +99,9 @@ pub struct Judgement {
     /// The pod's claims that could not be read (`gpu::Gpus::unread`): a refused pod's
     /// message says so, since the pod was not treated as a GPU pod.
     pub unread_claims: Vec<String>,
+    /// Whether the pod can ever run here, as the context knows it (None: not judged:
+    /// `feasibility.mode: off`, an honoured opt-out, or no validation).
+    pub feasibility: Option<Feasibility>,
 }
 
 impl Judgement {
@@ -121,6 +129,7 @@ pub fn pod(
         validation: None,
         unresolved: vec![],
         unread_claims: vec![],
+        feasibility: None,
     };
     let decide = |pod: &Pod| {
         s.opt_out
@@ -142,6 +151,13 @@ pub fn pod(
         j.validation = Some(if validate::judges(policy, s.operation) {
             let opt_out = j.opt_out.take().unwrap_or_else(|| decide(pod));
             let mut d = validate::judge(policy, pod, &s.who, opt_out.clone());
+            if policy.feasibility.mode != FeasibilityMode::Off && opt_out != OptOut::Honoured {
+                let f = feasible::pod(pod, s.who.namespace, cluster);
+                if !s.template {
+                    decide_feasibility(policy, pod, &f, &mut d);
+                }
+                j.feasibility = Some(f);
+            }
             j.opt_out = Some(opt_out);
             if !d.allowed {
                 explain_unread_claims(s, cluster, pod, &mut j, &mut d);
@@ -152,6 +168,40 @@ pub fn pod(
         });
     }
     j
+}
+
+/// What feasibility found of a pod, in its decision: under `enforce` a pod that can never
+/// run is refused (its lines after any other reason), under `warn` it is told; a quota in
+/// use now, and what tollgate did not know, are warnings either way.
+fn decide_feasibility(policy: &Policy, pod: &Pod, f: &Feasibility, d: &mut Decision) {
+    let subject = format!("pod {}", quote(&crate::pod::display_name(pod)));
+    let enforce = policy.feasibility.mode == FeasibilityMode::Enforce;
+    let mut lines = String::new();
+    for finding in &f.findings {
+        if finding.never && enforce {
+            lines.push('\n');
+            validate::INFEASIBLE_LINE.fill_into(&mut lines, &[("finding", &finding.message)]);
+        } else {
+            d.warnings.push(finding.warning(&subject));
+        }
+    }
+    if !f.unknown.is_empty() {
+        d.warnings.push(validate::UNKNOWN_WARNING.fill(&[
+            ("subject", &subject),
+            ("what", &crate::words::join_words(&f.unknown)),
+        ]));
+    }
+    if lines.is_empty() {
+        return;
+    }
+    let mut message = d.message.take().map(|m| m + "\n\n").unwrap_or_default();
+    validate::INFEASIBLE_HEADLINE.fill_into(&mut message, &[("subject", &subject)]);
+    message.push_str(&lines);
+    d.message = Some(message);
+    if d.allowed {
+        d.allowed = false;
+        d.verdict = Verdict::Infeasible;
+    }
 }
 
 /// A refused pod whose claims could not be read was not treated as a GPU pod: its message

@@ -155,6 +155,27 @@ impl Policy {
                 }
                 check_template_labels(&t.labels)
                     .map_err(|(f, m)| PolicyError::field(source, format!("{at}.labels.{f}"), m))?;
+                // A template's pointer has a segment per key and per list index.
+                let depth = t.path.split('.').count() + t.path.matches("[*]").count();
+                for (c, count) in t.count.iter().enumerate() {
+                    let segments: Vec<&str> = count.split('/').collect();
+                    let up = segments.iter().take_while(|s| **s == "..").count();
+                    let bad = segments.iter().any(|s| s.is_empty())
+                        || segments[up..].contains(&"..")
+                        || up >= depth;
+                    if bad {
+                        return err(
+                            format!("{at}.count[{c}]"),
+                            format!(
+                                "{count:?} is not a path from the template: `..` for its parent (at most {} of them), then keys separated by `/`, as in ../replicas",
+                                depth - 1
+                            ),
+                        );
+                    }
+                }
+                if t.count_minus < 0 {
+                    return err(format!("{at}.countMinus"), "must not be negative".into());
+                }
             }
         }
         Ok(())

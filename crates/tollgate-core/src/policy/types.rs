@@ -28,6 +28,8 @@ pub struct Policy {
     pub opt_out: OptOut,
     pub mutation: Mutation,
     pub validation: Validation,
+    /// Whether a pod can ever run here.
+    pub feasibility: Feasibility,
     /// The workloads whose pod templates are judged before their pods exist.
     pub workloads: Workloads,
     /// Named profiles, in order: the first whose `match` fits a pod is applied over the
@@ -60,6 +62,8 @@ pub struct Profile {
     pub validation: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workloads: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feasibility: Option<Value>,
     /// The whole policy for the pods this profile fits, merged and checked at load.
     #[serde(skip)]
     pub resolved: Option<Box<Policy>>,
@@ -218,6 +222,10 @@ pub struct WorkloadKind {
     /// lower case).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Whether its pods must run together (a gang: a PyTorchJob's replicas), so that the
+    /// quota must hold them all at once; otherwise they may run in turns (a Job's).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub together: bool,
 }
 
 /// Where one kind of template is, and how messages name it.
@@ -237,6 +245,33 @@ pub struct TemplateSpec {
     /// Labels the controller adds to the pods of this template only, over the kind's.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// How many pods the template makes: the product of these numbers, each a path from
+    /// the template (`..` its parent: `../replicas`), 1 where absent. None: one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub count: Vec<String>,
+    /// Taken off that product (a LeaderWorkerSet's `size` counts its leader too).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub count_minus: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+/// Whether a pod can ever run here (the quota, the nodes, the DeviceClasses).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Feasibility {
+    /// `warn` (the user reads it at `kubectl apply`), `enforce` (refused) or `off`.
+    pub mode: FeasibilityMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FeasibilityMode {
+    Warn,
+    Enforce,
+    Off,
 }
 
 impl WorkloadKind {

@@ -1,0 +1,895 @@
+//! Whether a pod can ever run here: the namespace's ResourceQuotas, the nodes it may be
+//! scheduled on, the DeviceClasses its claims name.
+//!
+//! The most common way a training job fails on a shared cluster is not a missing request
+//! but a job admitted that never runs: its pods exceed the quota (the controller's pod
+//! creations are forbidden) or every node (they stay Pending). This module compares the pod
+//! tollgate would admit (mutated, defaulted) with what the cluster context knows, and says,
+//! with numbers, what can never be met (`never`) and what cannot be met now (a quota in use).
+//!
+//! It follows the apiserver and the scheduler where they decide:
+//! - the pod's usage is `resourcehelper.PodRequests`/`PodLimits` (regular containers and
+//!   native sidecars summed, each init container on top of the sidecars before it, the
+//!   larger of the two; overhead added; pod-level resources where the pod sets them);
+//! - a quota counts what the pod evaluator counts (`pkg/quota/v1/evaluator/core/pods.go`:
+//!   `pods`, `count/pods`, cpu, memory, ephemeral-storage as requests and limits, hugepages,
+//!   `requests.<extended resource>`), only where its scopes match the pod, and for cpu and
+//!   memory requires every container to set what it tracks ("must specify");
+//! - a node is one the pod may be scheduled on when its labels pass the pod's
+//!   `nodeSelector` and required node affinity and the pod tolerates its `NoSchedule` and
+//!   `NoExecute` taints (`capacity` leaves out cordoned nodes and the lifecycle's taints), and
+//!   it fits when its allocatable covers every resource the pod requests.
+//!
+//! What the context does not know (a cache not synced, a quota scope it cannot decide)
+//! refuses nothing: it is named in [`Feasibility::unknown`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{
+    Container, NodeSelectorRequirement, Pod, ResourceQuota, ResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::capacity::{Nodes, Shape, Taint, HOSTNAME_LABEL};
+use crate::cluster::{Cluster, Lookup};
+use crate::pod::SIDECAR_RESTART_POLICY;
+use crate::quantity;
+use crate::words::quote;
+
+/// Quantities by resource name, in nano-units.
+pub type Amounts = BTreeMap<String, i128>;
+
+/// What a pod counts for: its effective requests and limits.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub requests: Amounts,
+    pub limits: Amounts,
+}
+
+impl Usage {
+    /// The pod's effective requests and limits, as the scheduler and the quota count them.
+    pub fn of(pod: &Pod) -> Usage {
+        let Some(spec) = pod.spec.as_ref() else {
+            return Usage::default();
+        };
+        fn pick(r: &ResourceRequirements, limits: bool) -> Option<&BTreeMap<String, Quantity>> {
+            if limits {
+                r.limits.as_ref()
+            } else {
+                r.requests.as_ref()
+            }
+        }
+        let mut usage = Usage::default();
+        for limits in [false, true] {
+            let of = |c: &Container| amounts(c.resources.as_ref().and_then(|r| pick(r, limits)));
+            let mut total = Amounts::new();
+            for c in &spec.containers {
+                add(&mut total, &of(c));
+            }
+            let mut sidecars = Amounts::new();
+            let mut init = Amounts::new();
+            for c in spec.init_containers.iter().flatten() {
+                let own = of(c);
+                let running = if c.restart_policy.as_deref() == Some(SIDECAR_RESTART_POLICY) {
+                    add(&mut total, &own);
+                    add(&mut sidecars, &own);
+                    sidecars.clone()
+                } else {
+                    let mut t = own;
+                    add(&mut t, &sidecars);
+                    t
+                };
+                max(&mut init, &running);
+            }
+            max(&mut total, &init);
+            if let Some(overhead) = spec.overhead.as_ref() {
+                let overhead = amounts(Some(overhead));
+                if limits {
+                    // A limit is raised by the overhead only where the pod has one.
+                    for (k, v) in overhead {
+                        if let Some(t) = total.get_mut(&k) {
+                            *t += v;
+                        }
+                    }
+                } else {
+                    add(&mut total, &overhead);
+                }
+            }
+            // Pod-level resources, where the pod sets them, are what it counts for.
+            if let Some(pod_level) = spec.resources.as_ref().and_then(|r| pick(r, limits)) {
+                total.extend(amounts(Some(pod_level)));
+            }
+            if limits {
+                usage.limits = total;
+            } else {
+                usage.requests = total;
+            }
+        }
+        usage
+    }
+
+    /// This usage `n` times over.
+    pub fn times(&self, n: i128) -> Usage {
+        let scale = |m: &Amounts| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.saturating_mul(n)))
+                .collect()
+        };
+        Usage {
+            requests: scale(&self.requests),
+            limits: scale(&self.limits),
+        }
+    }
+
+    /// Adds `other` to this usage.
+    pub fn add(&mut self, other: &Usage) {
+        add(&mut self.requests, &other.requests);
+        add(&mut self.limits, &other.limits);
+    }
+}
+
+fn amounts(list: Option<&BTreeMap<String, Quantity>>) -> Amounts {
+    list.into_iter()
+        .flatten()
+        .filter_map(|(k, q)| Some((k.clone(), quantity::parse(&q.0).ok()?)))
+        .collect()
+}
+
+fn add(to: &mut Amounts, from: &Amounts) {
+    for (k, v) in from {
+        let t = to.entry(k.clone()).or_insert(0);
+        *t = t.saturating_add(*v);
+    }
+}
+
+fn max(to: &mut Amounts, from: &Amounts) {
+    for (k, v) in from {
+        let t = to.entry(k.clone()).or_insert(0);
+        *t = (*t).max(*v);
+    }
+}
+
+/// One thing that stands between a pod and running.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// True: it can never run as written. False: not now (a quota in use), or not all at
+    /// once (`in_turns`).
+    pub never: bool,
+    /// Pods that need not run together and do not fit the quota all at once: they run a
+    /// part at a time.
+    pub in_turns: bool,
+    /// For a person: what rules it out, the numbers, and what to change.
+    pub message: String,
+}
+
+/// What the context says of one pod.
+#[derive(Debug, Clone, Default)]
+pub struct Feasibility {
+    pub usage: Usage,
+    pub findings: Vec<Finding>,
+    /// What could not be checked, for one warning: "the cluster's nodes (not known yet)".
+    pub unknown: Vec<String>,
+    /// The quotas of the pod's namespace that apply to it: a workload's pods together are
+    /// held to them too.
+    pub quotas: Vec<Arc<ResourceQuota>>,
+}
+
+impl Finding {
+    /// The warning a user reads of it: `{subject} can never run: ...`, `cannot run now`,
+    /// or, for pods that run in turns, the finding alone.
+    pub fn warning(&self, subject: &str) -> String {
+        let t = if self.never {
+            crate::words::Template("tollgate: {subject} can never run: {finding}")
+        } else if self.in_turns {
+            crate::words::Template("tollgate: {subject}: {finding}")
+        } else {
+            crate::words::Template("tollgate: {subject} cannot run now: {finding}")
+        };
+        t.fill(&[("subject", subject), ("finding", &self.message)])
+    }
+}
+
+impl Feasibility {
+    /// Whether something rules the pod out for good.
+    pub fn never(&self) -> bool {
+        self.findings.iter().any(|f| f.never)
+    }
+}
+
+/// Judges one pod (as it will be admitted: mutated and defaulted) in `namespace`.
+pub fn pod(pod: &Pod, namespace: &str, cluster: &dyn Cluster) -> Feasibility {
+    let mut out = Feasibility::default();
+    let quotas = cluster.resource_quotas(namespace);
+    let nodes = cluster.nodes();
+    let classes = cluster.device_classes();
+    if quotas.is_none() && nodes.is_none() && classes.is_none() {
+        return out;
+    }
+    out.usage = Usage::of(pod);
+    match quotas {
+        None => {}
+        Some(Lookup::Found(q)) => check_quotas(pod, &q, &mut out),
+        Some(_) => out.unknown.push(format!(
+            "the ResourceQuotas of namespace {}",
+            quote(namespace)
+        )),
+    }
+    match nodes {
+        None => {}
+        Some(Lookup::Found(n)) if n.count() == 0 => out
+            .unknown
+            .push("the nodes (none is listed as schedulable)".into()),
+        Some(Lookup::Found(n)) => check_nodes(pod, &n, &mut out),
+        Some(_) => out.unknown.push("the cluster's nodes".into()),
+    }
+    match classes {
+        None => {}
+        Some(Lookup::Found(c)) => check_device_classes(pod, namespace, cluster, &c, &mut out),
+        Some(_) => out.unknown.push("the cluster's DeviceClasses".into()),
+    }
+    out
+}
+
+// ------------------------------------------------------------------------------------
+// Quotas.
+
+/// The quota resources a pod counts for, and where its usage of each is read.
+enum Tracked<'a> {
+    /// `pods`, `count/pods`: one.
+    Pods,
+    Requests(&'a str),
+    Limits(&'a str),
+}
+
+/// What quota resource `key` counts of a pod; None for one the pod evaluator does not
+/// track (`services`, `requests.storage`, `count/jobs.batch`, ...).
+fn tracked(key: &str) -> Option<Tracked<'_>> {
+    match key {
+        "pods" | "count/pods" => Some(Tracked::Pods),
+        "cpu" | "memory" | "ephemeral-storage" => Some(Tracked::Requests(key)),
+        _ if key.starts_with("hugepages-") => Some(Tracked::Requests(key)),
+        _ => {
+            if let Some(r) = key.strip_prefix("limits.") {
+                return matches!(r, "cpu" | "memory" | "ephemeral-storage")
+                    .then_some(Tracked::Limits(r));
+            }
+            let r = key.strip_prefix("requests.")?;
+            let native =
+                matches!(r, "cpu" | "memory" | "ephemeral-storage") || r.starts_with("hugepages-");
+            (native || quantity::is_extended_resource(r)).then_some(Tracked::Requests(r))
+        }
+    }
+}
+
+/// The quota resources that require each container to set what they track: cpu and
+/// memory only ("a mistake", as the evaluator says, not repeated for other resources).
+const MUST_SPECIFY: [&str; 6] = [
+    "cpu",
+    "memory",
+    "requests.cpu",
+    "requests.memory",
+    "limits.cpu",
+    "limits.memory",
+];
+
+/// Whether quota `q` applies to `pod`: Some(true/false), or None when a scope of it cannot
+/// be decided from the pod (its name, for the message).
+fn applies(q: &ResourceQuota, pod: &Pod) -> Result<bool, String> {
+    let Some(spec) = q.spec.as_ref() else {
+        return Ok(true);
+    };
+    let p = pod.spec.as_ref();
+    let terminating = p
+        .and_then(|s| s.active_deadline_seconds)
+        .is_some_and(|d| d >= 0);
+    let best_effort = p.is_some_and(|s| {
+        crate::pod::containers(s).all(|(_, c)| {
+            c.resources.as_ref().is_none_or(|r| {
+                ["cpu", "memory"].iter().all(|k| {
+                    !r.requests.as_ref().is_some_and(|m| m.contains_key(*k))
+                        && !r.limits.as_ref().is_some_and(|m| m.contains_key(*k))
+                })
+            })
+        })
+    });
+    let priority = p
+        .and_then(|s| s.priority_class_name.as_deref())
+        .unwrap_or("");
+    let cross_namespace = p.and_then(|s| s.affinity.as_ref()).is_some_and(|a| {
+        let terms = |t: Option<&k8s_openapi::api::core::v1::PodAffinity>| {
+            t.is_some_and(|t| {
+                t.required_during_scheduling_ignored_during_execution
+                    .iter()
+                    .flatten()
+                    .chain(
+                        t.preferred_during_scheduling_ignored_during_execution
+                            .iter()
+                            .flatten()
+                            .map(|w| &w.pod_affinity_term),
+                    )
+                    .any(|t| {
+                        t.namespaces.as_ref().is_some_and(|n| !n.is_empty())
+                            || t.namespace_selector.is_some()
+                    })
+            })
+        };
+        let anti = a
+            .pod_anti_affinity
+            .as_ref()
+            .map(|x| k8s_openapi::api::core::v1::PodAffinity {
+                required_during_scheduling_ignored_during_execution: x
+                    .required_during_scheduling_ignored_during_execution
+                    .clone(),
+                preferred_during_scheduling_ignored_during_execution: x
+                    .preferred_during_scheduling_ignored_during_execution
+                    .clone(),
+            });
+        terms(a.pod_affinity.as_ref()) || terms(anti.as_ref())
+    });
+    let scope = |name: &str| -> Result<bool, String> {
+        Ok(match name {
+            "Terminating" => terminating,
+            "NotTerminating" => !terminating,
+            "BestEffort" => best_effort,
+            "NotBestEffort" => !best_effort,
+            "PriorityClass" => !priority.is_empty(),
+            "CrossNamespacePodAffinity" => cross_namespace,
+            other => return Err(other.to_owned()),
+        })
+    };
+    for s in spec.scopes.iter().flatten() {
+        if !scope(s)? {
+            return Ok(false);
+        }
+    }
+    for r in spec
+        .scope_selector
+        .iter()
+        .flat_map(|s| s.match_expressions.iter().flatten())
+    {
+        let holds = match (r.scope_name.as_str(), r.operator.as_str()) {
+            ("PriorityClass", "In") => r.values.iter().flatten().any(|v| v == priority),
+            ("PriorityClass", "NotIn") => !r.values.iter().flatten().any(|v| v == priority),
+            ("PriorityClass", "Exists") => !priority.is_empty(),
+            ("PriorityClass", "DoesNotExist") => priority.is_empty(),
+            (name, "Exists") => scope(name)?,
+            (name, "DoesNotExist") => !scope(name)?,
+            (name, _) => return Err(name.to_owned()),
+        };
+        if !holds {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn check_quotas(pod: &Pod, quotas: &[Arc<ResourceQuota>], out: &mut Feasibility) {
+    for q in quotas {
+        let name = q.metadata.name.as_deref().unwrap_or("");
+        match applies(q, pod) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(scope) => {
+                out.unknown.push(format!(
+                    "quota {} (its scope {scope} cannot be told from a pod)",
+                    quote(name)
+                ));
+                continue;
+            }
+        }
+        out.quotas.push(q.clone());
+        must_specify(pod, q, &quota_subject(q), out);
+        let found = exceeded(q, &out.usage);
+        out.findings.extend(found);
+    }
+}
+
+/// A quota that tracks cpu or memory refuses a pod one of whose containers does not set
+/// what it tracks, with "must specify".
+fn must_specify(pod: &Pod, q: &ResourceQuota, subject: &str, out: &mut Feasibility) {
+    let Some(spec) = pod.spec.as_ref() else {
+        return;
+    };
+    let hard = q.spec.as_ref().and_then(|s| s.hard.as_ref());
+    for key in MUST_SPECIFY
+        .iter()
+        .filter(|k| hard.is_some_and(|h| h.contains_key(**k)))
+    {
+        let (limits, resource) = match key.split_once('.') {
+            Some(("limits", r)) => (true, r),
+            Some((_, r)) => (false, r),
+            None => (false, *key),
+        };
+        let missing: Vec<String> = crate::pod::containers(spec)
+            .filter(|(_, c)| {
+                let r = c.resources.as_ref();
+                let m = if limits {
+                    r.and_then(|r| r.limits.as_ref())
+                } else {
+                    r.and_then(|r| r.requests.as_ref())
+                };
+                !m.is_some_and(|m| m.contains_key(resource))
+            })
+            .map(|(kind, c)| format!("{} {}", kind.noun(), quote(&c.name)))
+            .collect();
+        if missing.is_empty() {
+            continue;
+        }
+        let what = if limits { "limit" } else { "request" };
+        out.findings.push(Finding {
+            never: true,
+            in_turns: false,
+            message: format!(
+                "{subject} tracks {key}, so the apiserver refuses a pod any container of which sets no {resource} {what} (\"must specify {key}\"): {} {} none. Set a {resource} {what} on {}",
+                crate::words::join_words(&missing),
+                if missing.len() == 1 { "sets" } else { "set" },
+                if missing.len() == 1 { "it" } else { "each" },
+            ),
+        });
+    }
+}
+
+/// One quota resource a usage does not fit in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Over {
+    /// The quota resource (`requests.nvidia.com/gpu`).
+    pub key: String,
+    /// What the quota allows, what is asked and, when known, what is in use now, as
+    /// quantities of the resource.
+    pub limit: String,
+    pub asked: String,
+    pub in_use: Option<String>,
+    /// True: over what the quota allows at all; false: over what is left of it now.
+    pub never: bool,
+}
+
+/// What of quota `q` `usage` (of `pods` pods) does not fit in: what it allows at all, or
+/// what is left of it now.
+pub fn over(q: &ResourceQuota, usage: &Usage, pods: i128) -> Vec<Over> {
+    let mut out = vec![];
+    let Some(hard) = q.spec.as_ref().and_then(|s| s.hard.as_ref()) else {
+        return out;
+    };
+    let used = q.status.as_ref().and_then(|s| s.used.as_ref());
+    for (key, limit) in hard {
+        let Some(t) = tracked(key) else { continue };
+        let Ok(limit) = quantity::parse(&limit.0) else {
+            continue;
+        };
+        let (asked, resource) = match t {
+            Tracked::Pods => (pods.saturating_mul(1_000_000_000), "pods"),
+            Tracked::Requests(r) => (usage.requests.get(r).copied().unwrap_or(0), r),
+            Tracked::Limits(r) => (usage.limits.get(r).copied().unwrap_or(0), r),
+        };
+        if asked <= 0 {
+            continue;
+        }
+        let show = |n: i128| quantity::format_for(resource, n);
+        let in_use = used
+            .and_then(|u| u.get(key))
+            .and_then(|q| quantity::parse(&q.0).ok());
+        let never = asked > limit;
+        if never || in_use.is_some_and(|u| u.saturating_add(asked) > limit) {
+            out.push(Over {
+                key: key.clone(),
+                limit: show(limit),
+                asked: show(asked),
+                in_use: in_use.map(show),
+                never,
+            });
+        }
+    }
+    out
+}
+
+/// How a quota names itself in a message: `quota "gpu" of namespace "ml"`.
+pub fn quota_subject(q: &ResourceQuota) -> String {
+    format!(
+        "quota {} of namespace {}",
+        quote(q.metadata.name.as_deref().unwrap_or("")),
+        quote(q.metadata.namespace.as_deref().unwrap_or(""))
+    )
+}
+
+/// What of quota `q` one pod's usage exceeds, worded for the pod.
+fn exceeded(q: &ResourceQuota, usage: &Usage) -> Vec<Finding> {
+    let subject = quota_subject(q);
+    over(q, usage, 1)
+        .into_iter()
+        .map(|o| Finding {
+            never: o.never,
+            in_turns: false,
+            message: if o.never {
+                format!(
+                    "{subject} allows {}: {}, and the pod asks for {}: it can never be admitted. Ask for at most {}, or ask your platform team to raise the quota",
+                    o.key, o.limit, o.asked, o.limit
+                )
+            } else {
+                format!(
+                    "{subject}: {} of {} {} are in use now, and the pod asks for {}: it waits until enough is freed",
+                    o.in_use.as_deref().unwrap_or("?"),
+                    o.limit,
+                    o.key,
+                    o.asked
+                )
+            },
+        })
+        .collect()
+}
+
+// ------------------------------------------------------------------------------------
+// Nodes.
+
+fn check_nodes(pod: &Pod, nodes: &Nodes, out: &mut Feasibility) {
+    let Some(spec) = pod.spec.as_ref() else {
+        return;
+    };
+    // The nodes its selectors allow, then those whose taints it tolerates.
+    let mut allowed: Vec<(&Shape, usize)> = vec![];
+    let mut by_selector = 0usize;
+    let mut untolerated: BTreeMap<&Taint, usize> = BTreeMap::new();
+    for shape in &nodes.shapes {
+        let hosts = shape
+            .hosts
+            .iter()
+            .filter(|h| {
+                spec.node_name.as_deref().is_none_or(|n| n == h.name)
+                    && selected(pod, &shape.key.labels, &h.name, h.hostname.as_deref())
+            })
+            .count();
+        if hosts == 0 {
+            by_selector += shape.hosts.len();
+            continue;
+        }
+        match shape.key.taints.iter().find(|t| !tolerated(pod, t)) {
+            Some(t) => *untolerated.entry(t).or_default() += hosts,
+            None => allowed.push((shape, hosts)),
+        }
+    }
+    if allowed.is_empty() {
+        let total = nodes.count();
+        let mut why = vec![];
+        let mut fix = vec![];
+        if by_selector > 0 {
+            let mut what = format!(
+                "{} of {total} {} {} not match its {}",
+                by_selector,
+                nodes_word(total),
+                if by_selector == 1 { "does" } else { "do" },
+                selector_words(pod)
+            );
+            let found = selector_values(pod, nodes);
+            if !found.is_empty() {
+                what.push_str(&format!("; the nodes have {}", found.join("; ")));
+            }
+            why.push(what);
+            fix.push(format!("change the {}", selector_words(pod)));
+        }
+        for (t, n) in &untolerated {
+            why.push(format!(
+                "{n} {} tainted {t}, which it does not tolerate",
+                if *n == 1 { "is" } else { "are" }
+            ));
+        }
+        if !untolerated.is_empty() {
+            fix.push(
+                "add a toleration of those taints if the nodes are meant for you (a pool tainted for another team is not)"
+                    .to_owned(),
+            );
+        }
+        fix.push("ask your platform team which nodes are for you".into());
+        out.findings.push(Finding {
+            never: true,
+            in_turns: false,
+            message: format!(
+                "no node may run it: {}. To fix it, {}",
+                why.join("; "),
+                fix.join(", or ")
+            ),
+        });
+        return;
+    }
+    // Nodes it may use exist: does one offer what one pod asks for?
+    let asked: Vec<(&String, i128)> = out
+        .usage
+        .requests
+        .iter()
+        .filter(|(_, v)| **v > 0)
+        .map(|(k, v)| (k, *v))
+        .collect();
+    let fits = |s: &Shape| {
+        asked
+            .iter()
+            .all(|(k, v)| s.key.allocatable.get(*k).is_some_and(|a| a >= v))
+            && s.key
+                .allocatable
+                .get("pods")
+                .is_none_or(|p| *p >= 1_000_000_000)
+    };
+    if allowed.iter().any(|(s, _)| fits(s)) {
+        return;
+    }
+    let may_use: usize = allowed.iter().map(|(_, n)| n).sum();
+    let mut short: Vec<String> = vec![];
+    for (k, v) in &asked {
+        let best = allowed
+            .iter()
+            .filter_map(|(s, _)| s.key.allocatable.get(*k).copied())
+            .max()
+            .unwrap_or(0);
+        if best >= *v {
+            continue;
+        }
+        let show = |n: i128| quantity::format_for(k, n);
+        short.push(if best <= 0 {
+            // What its nodes offer of the same vendor (another MIG profile, say).
+            let domain = k.split_once('/').map(|(d, _)| d);
+            let mut offered: Vec<&str> = allowed
+                .iter()
+                .flat_map(|(s, _)| s.key.allocatable.keys())
+                .filter(|r| domain.is_some() && r.split_once('/').map(|(d, _)| d) == domain)
+                .map(String::as_str)
+                .collect();
+            offered.sort_unstable();
+            offered.dedup();
+            let instead = if offered.is_empty() {
+                String::new()
+            } else {
+                format!(" (they offer {})", offered.join(", "))
+            };
+            format!(
+                "it asks for {} {k}, which none of the {may_use} {} it may use offers{instead}",
+                show(*v),
+                nodes_word(may_use)
+            )
+        } else {
+            format!(
+                "it asks for {} {k}, and the largest of the {may_use} {} it may use offers {}",
+                show(*v),
+                nodes_word(may_use),
+                show(best)
+            )
+        });
+    }
+    if short.is_empty() {
+        // Every resource is offered somewhere, never all on one node.
+        short.push("no node it may use offers all it asks for at once".into());
+    }
+    out.findings.push(Finding {
+        never: true,
+        in_turns: false,
+        message: format!(
+            "no node can run it: {}. Ask for less per pod (more pods, fewer resources each), or ask your platform team for larger nodes",
+            short.join("; ")
+        ),
+    });
+}
+
+fn nodes_word(n: usize) -> &'static str {
+    if n == 1 {
+        "node"
+    } else {
+        "nodes"
+    }
+}
+
+/// The values the nodes have for the labels of the pod's nodeSelector that no node has as
+/// asked: `nvidia.com/gpu.product: A100-SXM4-80GB (2 nodes)`.
+fn selector_values(pod: &Pod, nodes: &Nodes) -> Vec<String> {
+    let Some(selector) = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref()) else {
+        return vec![];
+    };
+    let mut out = vec![];
+    for (k, v) in selector {
+        if k == HOSTNAME_LABEL {
+            continue;
+        }
+        let mut values: BTreeMap<&str, usize> = BTreeMap::new();
+        for s in &nodes.shapes {
+            if let Some(have) = s.key.labels.get(k) {
+                *values.entry(have).or_default() += s.hosts.len();
+            }
+        }
+        if values.contains_key(v.as_str()) {
+            continue;
+        }
+        let listed: Vec<String> = values
+            .iter()
+            .map(|(have, n)| format!("{k}: {have} ({n} {})", nodes_word(*n)))
+            .collect();
+        out.push(if listed.is_empty() {
+            format!("no {k} label")
+        } else {
+            listed.join(", ")
+        });
+    }
+    out
+}
+
+/// How a message names the pod's node selection.
+fn selector_words(pod: &Pod) -> String {
+    let spec = pod.spec.as_ref();
+    let mut words = vec![];
+    if let Some(s) = spec.and_then(|s| s.node_selector.as_ref()) {
+        let pairs: Vec<String> = s.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        if !pairs.is_empty() {
+            words.push(format!("nodeSelector {}", pairs.join(", ")));
+        }
+    }
+    if required_terms(pod).is_some() {
+        words.push("required node affinity".into());
+    }
+    if spec.and_then(|s| s.node_name.as_deref()).is_some() {
+        words.push("nodeName".into());
+    }
+    if words.is_empty() {
+        "node selection".into()
+    } else {
+        words.join(" and ")
+    }
+}
+
+fn required_terms(pod: &Pod) -> Option<&Vec<k8s_openapi::api::core::v1::NodeSelectorTerm>> {
+    pod.spec
+        .as_ref()?
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()
+        .map(|s| &s.node_selector_terms)
+}
+
+/// Whether a node of these labels (its hostname aside) and name passes the pod's
+/// `nodeSelector` and required node affinity (terms ORed, requirements ANDed).
+fn selected(
+    pod: &Pod,
+    labels: &BTreeMap<String, String>,
+    name: &str,
+    hostname: Option<&str>,
+) -> bool {
+    let label = |k: &str| {
+        if k == HOSTNAME_LABEL {
+            hostname
+        } else {
+            labels.get(k).map(String::as_str)
+        }
+    };
+    let spec = pod.spec.as_ref();
+    if let Some(s) = spec.and_then(|s| s.node_selector.as_ref()) {
+        if !s.iter().all(|(k, v)| label(k) == Some(v.as_str())) {
+            return false;
+        }
+    }
+    let Some(terms) = required_terms(pod) else {
+        return true;
+    };
+    terms.iter().any(|t| {
+        t.match_expressions
+            .iter()
+            .flatten()
+            .all(|r| requirement(r, label(&r.key)))
+            && t.match_fields
+                .iter()
+                .flatten()
+                .all(|r| r.key == "metadata.name" && requirement(r, Some(name)))
+    })
+}
+
+fn requirement(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
+    let values = r.values.as_deref().unwrap_or_default();
+    let number = |s: &str| s.parse::<i64>().ok();
+    match r.operator.as_str() {
+        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
+        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" => match (
+            value.and_then(number),
+            values.first().and_then(|v| number(v)),
+        ) {
+            (Some(v), Some(x)) => v > x,
+            _ => false,
+        },
+        "Lt" => match (
+            value.and_then(number),
+            values.first().and_then(|v| number(v)),
+        ) {
+            (Some(v), Some(x)) => v < x,
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// Whether one of the pod's tolerations tolerates taint `t` (`v1.Toleration.ToleratesTaint`).
+fn tolerated(pod: &Pod, t: &Taint) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|tol| {
+            let effect = tol.effect.as_deref().unwrap_or("");
+            if !effect.is_empty() && effect != t.effect {
+                return false;
+            }
+            let key = tol.key.as_deref().unwrap_or("");
+            let operator = tol.operator.as_deref().unwrap_or("Equal");
+            if key.is_empty() {
+                return operator == "Exists";
+            }
+            key == t.key
+                && match operator {
+                    "Exists" => true,
+                    "Equal" | "" => tol.value.as_deref().unwrap_or("") == t.value,
+                    _ => false,
+                }
+        })
+}
+
+// ------------------------------------------------------------------------------------
+// DeviceClasses.
+
+fn check_device_classes(
+    pod: &Pod,
+    namespace: &str,
+    cluster: &dyn Cluster,
+    classes: &BTreeSet<String>,
+    out: &mut Feasibility,
+) {
+    for claim in pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        let spec = if let Some(n) = &claim.resource_claim_name {
+            cluster
+                .resource_claim(namespace, n)
+                .found()
+                .and_then(|c| c.spec.devices.clone())
+        } else if let Some(n) = &claim.resource_claim_template_name {
+            cluster
+                .resource_claim_template(namespace, n)
+                .found()
+                .and_then(|t| t.spec.spec.devices.clone())
+        } else {
+            None
+        };
+        // A claim tollgate could not read was said so already; nothing to check here.
+        let Some(devices) = spec else { continue };
+        for r in devices.requests.iter().flatten() {
+            let wanted: Vec<&str> = match (&r.exactly, &r.first_available) {
+                (Some(e), _) => vec![e.device_class_name.as_str()],
+                (None, Some(alts)) => alts.iter().map(|a| a.device_class_name.as_str()).collect(),
+                (None, None) => vec![],
+            };
+            if wanted.is_empty() || wanted.iter().any(|c| classes.contains(*c)) {
+                continue;
+            }
+            let known: Vec<&str> = classes.iter().map(String::as_str).collect();
+            out.findings.push(Finding {
+                never: true,
+                in_turns: false,
+                message: format!(
+                    "claim {} asks for DeviceClass {}, which the cluster does not have: it can never be allocated. Use one of the cluster's classes ({})",
+                    quote(&claim.name),
+                    wanted
+                        .iter()
+                        .map(|c| quote(c))
+                        .collect::<Vec<_>>()
+                        .join(" or "),
+                    if known.is_empty() {
+                        "it has none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            });
+        }
+    }
+}
