@@ -10,6 +10,7 @@ pub mod certs;
 pub mod cli;
 pub mod cluster;
 pub mod kubeconfig;
+pub mod lease;
 pub mod metrics;
 pub mod register;
 pub mod server;
