@@ -13,6 +13,7 @@ pub mod kubeconfig;
 pub mod lease;
 pub mod metrics;
 pub mod register;
+pub mod selfmanaged;
 pub mod server;
 pub mod telemetry;
 pub mod tls;

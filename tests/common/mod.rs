@@ -102,6 +102,7 @@ pub mod net {
             policy_path: Some(dir.join("policy.yaml")),
             cert_path: dir.join("tls.crt"),
             key_path: dir.join("tls.key"),
+            self_managed: None,
             client_ca: None,
             cluster: None,
             audit: None,
