@@ -69,9 +69,9 @@ pub struct ServeArgs {
     /// Make a throwaway CA and certificate under certs/dev/ and listen on 127.0.0.1.
     #[arg(long)]
     pub dev: bool,
-    /// Where the serving certificate comes from: `files` (--tls-cert and --tls-key) or
-    /// `self-managed` (a Secret tollgate creates, renews and puts the CA of in both webhook
-    /// configurations, through the API server) [default: files].
+    /// Where the serving certificate comes from: `files`, the files of --tls-cert and
+    /// --tls-key, or `self-managed`, a Secret tollgate creates, renews and puts the CA of
+    /// in both webhook configurations, through the API server [default: files].
     #[arg(long, value_enum, conflicts_with_all = ["tls_cert", "dev"])]
     pub certs: Option<CertSource>,
     /// Self-managed certificates: the Secret holding them (in the server's namespace).
