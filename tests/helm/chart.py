@@ -3,13 +3,13 @@ helm binary), for tests/helm.rs.
 
 Reads one JSON request on standard input:
 
-    {"chart": PATH, "lint": {"namespace": NS, "kube_version": "v1.29.0"},
+    {"chart": PATH, "lint": [{"namespace": NS, "kube_version": "v1.29.0"}, ...],
      "cases": [{"name": NAME, "values": {...}, "namespace": NS}]}
 
 and writes one JSON answer on standard output:
 
     {"sdk": {"helm_python": V, "helm": V},
-     "lint": {"total_charts_linted": N, "messages": [...], "errors": [...]},
+     "lint": [{"total_charts_linted": N, "messages": [...], "errors": [...]}, ...],
      "cases": {NAME: {"manifests": {TEMPLATE: TEXT}} | {"error": MESSAGE}}}
 
 A case's values are checked against values.schema.json by the render itself, as
@@ -33,14 +33,15 @@ def main() -> None:
         "sdk": {"helm_python": helm.__version__, "helm": helm.helm_sdk_version()},
         "cases": {},
     }
-    lint = request.get("lint")
-    if lint is not None:
-        answer["lint"] = helm.lint(
+    answer["lint"] = [
+        helm.lint(
             chart_path,
             strict=True,
             namespace=lint.get("namespace"),
             kube_version=lint.get("kube_version"),
         )
+        for lint in request.get("lint", [])
+    ]
     with helm.Chart.load(chart_path) as chart:
         answer["metadata"] = chart.metadata
         for case in request.get("cases", []):
