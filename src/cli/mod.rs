@@ -34,7 +34,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the webhook server (HTTPS, HTTP/1.1 and HTTP/2).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run the policy over a Pod or an AdmissionReview offline, as the server would.
     Review(ReviewArgs),
     /// Judge the pods of a live cluster as a CREATE of each would be judged: what would be
@@ -216,7 +216,7 @@ pub struct CertsArgs {
 pub fn main() -> i32 {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(a) => match serve(a) {
+        Command::Serve(a) => match serve(*a) {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("tollgate: {e:#}");
