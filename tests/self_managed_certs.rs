@@ -242,7 +242,10 @@ fn writes(records: &[RequestRecord]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_from_an_empty_namespace_with_no_other_step() {
     let api = cluster().await;
-    // The first create of the Secret waits a second, so that the replica is seen waiting.
+    // The first two creates of the Secret fail (the CA already in the caBundle stays the
+    // one retried, not one more each time), the third waits a second, so that the replica
+    // is seen waiting.
+    api.inject(Fault::status(500).on("secrets", Verb::Create).times(2));
     api.inject(
         Fault::delay(Duration::from_secs(1))
             .on("secrets", Verb::Create)
@@ -269,7 +272,11 @@ async fn ready_from_an_empty_namespace_with_no_other_step() {
         assert!(data[key].is_string(), "{key}");
     }
     let ca = b64(&data["ca.crt"]);
-    assert_eq!(pem_certs(&ca).len(), 1);
+    assert_eq!(
+        pem_certs(&ca).len(),
+        1,
+        "one CA, whatever the failed creates"
+    );
     until("both caBundles set", limit, async || {
         bundles(&api) == vec![Some(ca.clone()), Some(ca.clone())]
     })

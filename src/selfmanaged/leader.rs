@@ -52,6 +52,10 @@ pub(super) struct Leader {
     pub(super) metrics: CertMetrics,
     /// Woken by the Secret's watch and the webhook configurations' watches.
     pub(super) changed: Arc<Notify>,
+    /// A first Secret whose CA went into the webhooks but whose create failed: made again
+    /// as it was, or each failed round would add one more CA to the caBundle (which keeps
+    /// the CAs it already trusts when the Secret is made).
+    pub(super) pending: std::sync::Mutex<Option<Contents>>,
 }
 
 /// What a round did.
@@ -205,7 +209,13 @@ impl Leader {
         )?;
         match step {
             Step::Wait(at) => Ok(Round::Idle(at)),
-            Step::Create(c) => {
+            Step::Create(planned) => {
+                let c = self
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(planned)
+                    .clone();
                 // The webhooks trust the new CA before any replica can serve a certificate
                 // of it.
                 self.repair(&mut mutating, &mut validating, c.ca_crt.as_bytes())
@@ -220,7 +230,16 @@ impl Leader {
                     ..Secret::default()
                 };
                 fill(&mut s, &c);
-                match self.secrets.create(&PostParams::default(), &s).await {
+                let created = self.secrets.create(&PostParams::default(), &s).await;
+                let settled = match &created {
+                    Ok(_) => true,
+                    Err(kube::Error::Api(s)) => s.code == 409,
+                    Err(_) => false,
+                };
+                if settled {
+                    *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                }
+                match created {
                     Ok(_) => self.issued(Why::Created, &c),
                     Err(kube::Error::Api(s)) if s.code == 409 => {}
                     Err(e) => return Err(e.into()),

@@ -139,6 +139,7 @@ pub fn start(
             timing: opts.timing,
             metrics,
             changed,
+            pending: std::sync::Mutex::new(None),
         }
         .run(leader_rx, stop.clone()),
     );
