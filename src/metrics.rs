@@ -109,6 +109,44 @@ pub struct AuditMetrics {
     pub reports: Family<ReportLabels, Counter>,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IssuedLabels {
+    /// serving or ca.
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConfigurationLabels {
+    /// mutating or validating.
+    pub configuration: &'static str,
+}
+
+/// The serving certificate's series, and those of the self-managed certificates
+/// (`serve --certs self-managed`). Clones share the series.
+#[derive(Clone, Default)]
+pub struct CertMetrics {
+    /// `tollgate_certificate_expiry_timestamp_seconds` (the same series as
+    /// [`Metrics::cert_expiry`]).
+    pub expiry: Gauge<i64, AtomicI64>,
+    /// `tollgate_certificate_reloads_total` (the same as [`Metrics::cert_reloads`]).
+    pub reloads: Family<ResultLabels, Counter>,
+    /// Expiry of the CA that signed the certificate in use.
+    pub ca_expiry: Gauge<i64, AtomicI64>,
+    /// When the Secret's certificates are due for renewal (the serving certificate's or the
+    /// CA's, whichever first), as every replica reads it.
+    pub renewal: Gauge<i64, AtomicI64>,
+    /// Certificates the leader issued, by kind.
+    pub rotations: Family<IssuedLabels, Counter>,
+    /// Writes of a webhook configuration's caBundle, by configuration.
+    pub ca_bundle_writes: Family<ConfigurationLabels, Counter>,
+    /// 1 while this replica holds the certificate Lease.
+    pub leader: Gauge,
+    /// 0 while the watch of the Secret is current, else seconds since it failed.
+    pub secret_age: Gauge,
+    /// Failed reads and writes of the Secret and the webhook configurations.
+    pub errors: Counter,
+}
+
 /// Every metric tollgate exports. Cheap to update: atomics behind a lock-free map lookup.
 pub struct Metrics {
     pub registry: Registry,
@@ -137,6 +175,7 @@ pub struct Metrics {
     pub cluster_restarts: Family<ResourceLabels, Counter>,
     pub cluster_fetches: Family<FetchLabels, Counter>,
     pub audit: AuditMetrics,
+    pub certs: CertMetrics,
 }
 
 /// Review latency buckets: 50 microseconds (a review's own cost) to 10 seconds (the
@@ -317,6 +356,46 @@ impl Metrics {
             "PolicyReports written by the background audit, by action (created, updated, deleted)",
             audit.reports.clone(),
         );
+        let certs = CertMetrics {
+            expiry: cert_expiry.clone(),
+            reloads: cert_reloads.clone(),
+            ..CertMetrics::default()
+        };
+        registry.register(
+            "certificate_ca_expiry_timestamp_seconds",
+            "Expiry of the CA that signed the serving certificate in use (self-managed certificates), seconds since the Unix epoch",
+            certs.ca_expiry.clone(),
+        );
+        registry.register(
+            "certificate_renewal_timestamp_seconds",
+            "When the self-managed certificates are due for renewal (the serving certificate's or the CA's, whichever first), seconds since the Unix epoch",
+            certs.renewal.clone(),
+        );
+        registry.register(
+            "certificate_rotations",
+            "Certificates issued by the holder of the certificate Lease, by kind (serving, ca)",
+            certs.rotations.clone(),
+        );
+        registry.register(
+            "certificate_ca_bundle_writes",
+            "Writes of a webhook configuration's caBundle by the holder of the certificate Lease, by configuration (mutating, validating)",
+            certs.ca_bundle_writes.clone(),
+        );
+        registry.register(
+            "certificate_leader",
+            "1 while this replica holds the certificate Lease and manages the self-managed certificates",
+            certs.leader.clone(),
+        );
+        registry.register(
+            "certificate_secret_age_seconds",
+            "How far behind the certificate's Secret this replica may be: 0 while its watch is current, else seconds since it failed",
+            certs.secret_age.clone(),
+        );
+        registry.register(
+            "certificate_errors",
+            "Failed reads and writes of the certificate's Secret, Lease and webhook configurations",
+            certs.errors.clone(),
+        );
         let metrics = Metrics {
             registry,
             reviews,
@@ -339,6 +418,7 @@ impl Metrics {
             cluster_restarts,
             cluster_fetches,
             audit,
+            certs,
         };
         metrics.initialise_series();
         metrics
@@ -398,6 +478,15 @@ impl Metrics {
         }
         for action in ["created", "updated", "deleted"] {
             let _ = self.audit.reports.get_or_create(&ReportLabels { action });
+        }
+        for kind in ["serving", "ca"] {
+            let _ = self.certs.rotations.get_or_create(&IssuedLabels { kind });
+        }
+        for configuration in ["mutating", "validating"] {
+            let _ = self
+                .certs
+                .ca_bundle_writes
+                .get_or_create(&ConfigurationLabels { configuration });
         }
     }
 

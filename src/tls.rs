@@ -1,8 +1,11 @@
 //! TLS for the webhook: rustls with the ring provider, TLS 1.2 and 1.3, ALPN h2 and
-//! http/1.1, and a serving certificate that can be replaced on disk without a restart.
+//! http/1.1, and a serving certificate that can be replaced without a restart: on disk
+//! (`--tls-cert`, re-read by path) or handed over by the self-managed certificates (read
+//! from a Secret through the API).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -19,10 +22,13 @@ pub enum TlsError {
     File { path: PathBuf, message: String },
     #[error("{cert} and {key} do not belong together: {message}")]
     Mismatch {
-        cert: PathBuf,
-        key: PathBuf,
+        cert: String,
+        key: String,
         message: String,
     },
+    /// A certificate or key that did not come from a file (a Secret's key, say).
+    #[error("{what}: {message}")]
+    Pem { what: String, message: String },
     #[error("TLS configuration: {0}")]
     Config(String),
 }
@@ -40,19 +46,21 @@ pub struct Loaded {
     files: (Vec<u8>, Vec<u8>),
 }
 
-/// The serving certificate, swapped atomically when the files on disk change: handshakes
-/// in progress keep the one they started with, new ones get the new one.
+/// The serving certificate, swapped atomically when it changes: handshakes in progress
+/// keep the one they started with, new ones get the new one.
 pub struct CertStore {
-    cert_path: PathBuf,
-    key_path: PathBuf,
+    /// The files it is re-read from; None: it is handed over ([`CertStore::load_pem`]).
+    files: Option<(PathBuf, PathBuf)>,
     current: ArcSwap<Loaded>,
+    /// False while only the placeholder of [`CertStore::waiting`] is there.
+    loaded: AtomicBool,
 }
 
 impl fmt::Debug for CertStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CertStore")
-            .field("cert_path", &self.cert_path)
-            .field("key_path", &self.key_path)
+            .field("files", &self.files)
+            .field("loaded", &self.loaded)
             .finish()
     }
 }
@@ -61,30 +69,100 @@ impl CertStore {
     pub fn open(cert_path: &Path, key_path: &Path) -> Result<CertStore, TlsError> {
         let loaded = load(cert_path, key_path)?;
         Ok(CertStore {
-            cert_path: cert_path.to_owned(),
-            key_path: key_path.to_owned(),
+            files: Some((cert_path.to_owned(), key_path.to_owned())),
             current: ArcSwap::from_pointee(loaded),
+            loaded: AtomicBool::new(true),
         })
     }
 
-    /// Re-reads the files. `Ok(true)`: a new pair is in use; `Ok(false)`: unchanged; an
-    /// error: the files are unusable and the previous pair stays in use.
+    /// A store whose certificate is yet to come (from a Secret): until then it serves a
+    /// throwaway self-signed placeholder, which no client trusts, so that `/readyz` can
+    /// still answer, and say that it waits, to whoever skips verification (the kubelet's
+    /// probes, `curl -k`).
+    pub fn waiting() -> Result<CertStore, TlsError> {
+        let key = rcgen::KeyPair::generate().map_err(|e| TlsError::Config(e.to_string()))?;
+        let params =
+            rcgen::CertificateParams::new(vec!["tollgate-waiting-for-its-certificate".to_owned()])
+                .map_err(|e| TlsError::Config(e.to_string()))?;
+        let cert = params
+            .self_signed(&key)
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let files = (cert.pem().into_bytes(), key.serialize_pem().into_bytes());
+        let placeholder = parse("placeholder certificate", "its key", files)?;
+        Ok(CertStore {
+            files: None,
+            current: ArcSwap::from_pointee(placeholder),
+            loaded: AtomicBool::new(false),
+        })
+    }
+
+    /// Re-reads the files. `Ok(true)`: a new pair is in use; `Ok(false)`: unchanged (or
+    /// the store has no files); an error: the files are unusable and the previous pair
+    /// stays in use.
     pub fn reload(&self) -> Result<bool, TlsError> {
-        let files = read_pair(&self.cert_path, &self.key_path)?;
+        let Some((cert_path, key_path)) = &self.files else {
+            return Ok(false);
+        };
+        let files = read_pair(cert_path, key_path)?;
         if files == self.current.load().files {
             return Ok(false);
         }
-        let loaded = parse(&self.cert_path, &self.key_path, files)?;
+        let loaded = parse(
+            &cert_path.display().to_string(),
+            &key_path.display().to_string(),
+            files,
+        )?;
         self.current.store(Arc::new(loaded));
         Ok(true)
     }
 
-    pub fn not_after(&self) -> i64 {
-        self.current.load().not_after
+    /// Puts a certificate chain and its key (PEM) in use, checked first (the key must be
+    /// the certificate's); `what` names where they came from in errors. `Ok(true)`: a new
+    /// pair is in use; `Ok(false)`: the same pair already was; an error: the previous pair
+    /// stays in use.
+    pub fn load_pem(&self, what: &str, cert: &[u8], key: &[u8]) -> Result<bool, TlsError> {
+        let files = (cert.to_vec(), key.to_vec());
+        if self.is_loaded() && files == self.current.load().files {
+            return Ok(false);
+        }
+        let loaded = parse(
+            &format!("{what} tls.crt"),
+            &format!("{what} tls.key"),
+            files,
+        )?;
+        self.current.store(Arc::new(loaded));
+        self.loaded.store(true, Ordering::Release);
+        Ok(true)
     }
 
-    pub fn paths(&self) -> (&Path, &Path) {
-        (&self.cert_path, &self.key_path)
+    /// Whether a real certificate is in use (not the placeholder of [`CertStore::waiting`]).
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire)
+    }
+
+    /// Expiry of the certificate in use, seconds since the Unix epoch; 0 while waiting.
+    pub fn not_after(&self) -> i64 {
+        if self.is_loaded() {
+            self.current.load().not_after
+        } else {
+            0
+        }
+    }
+
+    /// The certificate in use (its chain, DER), for tests and logs.
+    pub fn chain(&self) -> Vec<Vec<u8>> {
+        self.current
+            .load()
+            .key
+            .cert
+            .iter()
+            .map(|c| c.as_ref().to_vec())
+            .collect()
+    }
+
+    /// The files it is re-read from, if any.
+    pub fn paths(&self) -> Option<(&Path, &Path)> {
+        self.files.as_ref().map(|(c, k)| (c.as_path(), k.as_path()))
     }
 }
 
@@ -106,12 +184,18 @@ fn read_pair(cert: &Path, key: &Path) -> Result<(Vec<u8>, Vec<u8>), TlsError> {
 
 fn load(cert: &Path, key: &Path) -> Result<Loaded, TlsError> {
     let files = read_pair(cert, key)?;
-    parse(cert, key, files)
+    parse(
+        &cert.display().to_string(),
+        &key.display().to_string(),
+        files,
+    )
 }
 
-fn parse(cert_path: &Path, key_path: &Path, files: (Vec<u8>, Vec<u8>)) -> Result<Loaded, TlsError> {
-    let file_err = |p: &Path, m: String| TlsError::File {
-        path: p.to_owned(),
+/// Reads a certificate chain and key; `cert_path` and `key_path` name them in errors (a
+/// file's path, or a Secret's key).
+fn parse(cert_path: &str, key_path: &str, files: (Vec<u8>, Vec<u8>)) -> Result<Loaded, TlsError> {
+    let file_err = |p: &str, m: String| TlsError::Pem {
+        what: p.to_owned(),
         message: m,
     };
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&files.0)

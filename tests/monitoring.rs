@@ -276,6 +276,8 @@ async fn alerts_and_dashboard_read_only_metrics_the_server_exports() {
         "tollgate_policy_info",
         "tollgate_policy_reloads_total",
         "tollgate_mutation_steps_total",
+        "tollgate_certificate_rotations_total",
+        "tollgate_certificate_renewal_timestamp_seconds",
     ] {
         assert!(
             used.contains(family),

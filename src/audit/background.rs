@@ -17,10 +17,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use super::lease::{Elector, LeaseOptions};
 use super::report::{self, ReportBuilder, Written};
 use super::{AuditError, Auditor, Context, Namespaces, Pace, Totals};
 use crate::cluster::ClusterContext;
+use crate::lease::{self, Elector, LeaseOptions, Purpose};
 use crate::metrics::{AuditMetrics, FindingLabels, ReportLabels, ResultLabels};
 use tollgate_core::audit::Rule;
 use tollgate_core::policy::Policy;
@@ -102,9 +102,10 @@ pub fn start(
             .lease_namespace
             .clone()
             .unwrap_or_else(|| default_namespace.clone()),
-        identity: super::lease::identity(),
+        identity: lease::identity(),
         duration: opts.lease_duration,
         renew_every: opts.renew_every,
+        purpose: Purpose::Audit,
     };
     info!(lease = %lease.name, namespace = %lease.namespace, identity = %lease.identity,
         interval = ?opts.interval, rate = opts.rate, "background audit: waiting for the audit lease");

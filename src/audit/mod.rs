@@ -9,7 +9,7 @@
 //! - [`output`]: the command's writers (table, JSON lines, PolicyReport YAML);
 //! - [`report`]: PolicyReports, one per namespace, built from the findings and written to
 //!   the cluster (create, replace with resourceVersion, delete);
-//! - [`lease`]: the `coordination.k8s.io` Lease that lets one replica audit at a time;
+//! - [`crate::lease`]: the `coordination.k8s.io` Lease that lets one replica audit at a time;
 //! - [`background`]: the server's timer, pacing and metrics.
 //!
 //! Namespace by namespace: the apiserver answers a list of one namespace in name order,
@@ -18,7 +18,6 @@
 //! is all that is held besides one page.
 
 pub mod background;
-pub mod lease;
 pub mod list;
 pub mod output;
 pub mod report;

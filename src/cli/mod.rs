@@ -34,7 +34,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the webhook server (HTTPS, HTTP/1.1 and HTTP/2).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run the policy offline over what `kubectl apply -f` takes (files, directories): its
     /// Pods, workloads and AdmissionReviews, as a cluster with both webhooks would.
     Review(ReviewArgs),
@@ -70,6 +70,47 @@ pub struct ServeArgs {
     /// Make a throwaway CA and certificate under certs/dev/ and listen on 127.0.0.1.
     #[arg(long)]
     pub dev: bool,
+    /// Where the serving certificate comes from: `files`, the files of --tls-cert and
+    /// --tls-key, or `self-managed`, a Secret tollgate creates, renews and puts the CA of
+    /// in both webhook configurations, through the API server [default: files].
+    #[arg(long, value_enum, conflicts_with_all = ["tls_cert", "dev"])]
+    pub certs: Option<CertSource>,
+    /// Self-managed certificates: the Secret holding them (in the server's namespace).
+    #[arg(long, default_value = "tollgate-tls", value_name = "NAME")]
+    pub certs_secret: String,
+    /// Self-managed certificates: the namespace of the Secret, the Lease and the Service
+    /// [default: the pod's own, from the in-cluster configuration or the kubeconfig].
+    #[arg(long, value_name = "NS")]
+    pub certs_namespace: Option<String>,
+    /// Self-managed certificates: the Lease whose holder writes them.
+    #[arg(long, default_value = "tollgate-certs", value_name = "NAME")]
+    pub certs_lease: String,
+    /// Self-managed certificates: the Service the apiserver calls (the certificate is for
+    /// its DNS names).
+    #[arg(long, default_value = "tollgate", value_name = "NAME")]
+    pub service: String,
+    /// Self-managed certificates: the name of the mutating and of the validating webhook
+    /// configuration whose caBundle is kept equal to the CA.
+    #[arg(long, default_value = "tollgate", value_name = "NAME")]
+    pub webhook_configuration: String,
+    /// Self-managed certificates: validity of the serving certificate (`8760h`, `365d`).
+    #[arg(long, default_value = "365d", value_parser = parse_duration)]
+    pub cert_validity: Duration,
+    /// Self-managed certificates: renew the serving certificate this long before it
+    /// expires [default: a third of --cert-validity].
+    #[arg(long, value_parser = parse_duration)]
+    pub cert_renew_before: Option<Duration>,
+    /// Self-managed certificates: validity of the CA.
+    #[arg(long, default_value = "3650d", value_parser = parse_duration)]
+    pub ca_validity: Duration,
+    /// Self-managed certificates: renew the CA this long before it expires [default: a
+    /// third of --ca-validity].
+    #[arg(long, value_parser = parse_duration)]
+    pub ca_renew_before: Option<Duration>,
+    /// Self-managed certificates: how long a new CA is trusted (both CAs in the caBundle)
+    /// before the certificate it signs is served, and the old one after.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    pub ca_overlap: Duration,
     /// Address for Prometheus metrics (plain HTTP, GET /metrics); "off" disables
     /// [default: 0.0.0.0:9090, or 127.0.0.1:9090 with --dev].
     #[arg(long)]
@@ -141,6 +182,15 @@ pub struct ServeArgs {
     pub floor: bool,
 }
 
+/// Where `serve` gets its serving certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CertSource {
+    /// `--tls-cert` and `--tls-key`, re-read when they change.
+    Files,
+    /// A Secret tollgate keeps itself (`crate::selfmanaged`).
+    SelfManaged,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OnOff {
     On,
@@ -167,7 +217,7 @@ pub struct CertsArgs {
 pub fn main() -> i32 {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(a) => match serve(a) {
+        Command::Serve(a) => match serve(*a) {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("tollgate: {e:#}");
@@ -214,10 +264,12 @@ pub fn main() -> i32 {
 }
 
 fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    let self_managed = a.certs == Some(CertSource::SelfManaged);
     let (cert, key) = match (&a.tls_cert, &a.tls_key, a.dev) {
         (Some(c), Some(k), _) => (c.clone(), k.clone()),
         (_, _, true) => dev_certs()?,
-        _ => anyhow::bail!("no serving certificate: pass --tls-cert FILE --tls-key FILE, or --dev for a throwaway one"),
+        _ if self_managed => (PathBuf::new(), PathBuf::new()),
+        _ => anyhow::bail!("no serving certificate: pass --tls-cert FILE --tls-key FILE, --certs self-managed, or --dev for a throwaway one"),
     };
     let local = if a.dev { "127.0.0.1" } else { "0.0.0.0" };
     let listen = a
@@ -246,6 +298,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         policy_path: a.policy.clone(),
         cert_path: cert,
         key_path: key,
+        self_managed: self_managed.then(|| self_managed_options(&a)),
         client_ca: a.client_ca.clone(),
         limits: Limits {
             max_body_bytes: a.max_body_bytes,
@@ -302,7 +355,29 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-/// `500ms`, `30s`, `10m`, `1h30m`: a number and a unit, repeated.
+/// What `--certs self-managed` and its options ask for.
+fn self_managed_options(a: &ServeArgs) -> crate::selfmanaged::Options {
+    let mut timing = crate::selfmanaged::Timing::new(a.cert_validity, a.ca_validity, a.ca_overlap);
+    if let Some(d) = a.cert_renew_before {
+        timing.cert_renew_before = d;
+    }
+    if let Some(d) = a.ca_renew_before {
+        timing.ca_renew_before = d;
+    }
+    crate::selfmanaged::Options {
+        secret: a.certs_secret.clone(),
+        namespace: a.certs_namespace.clone(),
+        service: a.service.clone(),
+        webhook_configuration: a.webhook_configuration.clone(),
+        lease_name: a.certs_lease.clone(),
+        timing,
+        kubeconfig: a.kubeconfig.clone(),
+        context: a.context.clone(),
+        ..crate::selfmanaged::Options::default()
+    }
+}
+
+/// `500ms`, `30s`, `10m`, `1h30m`, `365d`: a number and a unit, repeated.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let bad = || format!("{text:?} is not a duration such as 30s, 10m or 1h30m");
     let mut total = Duration::ZERO;
@@ -322,6 +397,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "s" => Duration::from_secs(n),
             "m" => Duration::from_secs(n * 60),
             "h" => Duration::from_secs(n * 3600),
+            "d" => Duration::from_secs(n * 24 * 3600),
             _ => return Err(bad()),
         };
         total += one;
@@ -350,6 +426,7 @@ mod tests {
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
         assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("365d"), Ok(Duration::from_secs(365 * 86400)));
         for bad in ["", "10", "m", "10x", "1.5h", "0s", "-1s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }

@@ -20,7 +20,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -36,6 +36,7 @@ use crate::audit::background::{self, Background};
 use crate::cluster::{ClusterContext, Options as WatchOptions, Watched};
 use crate::kubeconfig::{load_client_config, KubeconfigSources};
 use crate::metrics::Metrics;
+use crate::selfmanaged;
 use crate::tls::CertStore;
 use conn::Connections;
 use tollgate_core::cluster::Offline;
@@ -112,8 +113,12 @@ pub struct AppState {
     pub cluster: Arc<dyn ClusterContext>,
     pub metrics: Metrics,
     pub limits: Limits,
-    /// False until the certificate is loaded, and again once shutdown starts.
+    /// False once shutdown starts.
     pub ready: AtomicBool,
+    /// The serving certificate, once the server has one: `/readyz` waits until a real one
+    /// is loaded (the self-managed certificates come from a Secret after start-up). Unset
+    /// for a router without a server (tests): ready.
+    pub certs: OnceLock<Arc<CertStore>>,
 }
 
 impl AppState {
@@ -136,6 +141,7 @@ impl AppState {
             metrics,
             limits,
             ready: AtomicBool::new(true),
+            certs: OnceLock::new(),
         })
     }
 }
@@ -149,6 +155,9 @@ pub struct ServeOptions {
     pub policy_path: Option<PathBuf>,
     pub cert_path: PathBuf,
     pub key_path: PathBuf,
+    /// `--certs self-managed`: the certificate comes from a Secret tollgate keeps itself
+    /// (`cert_path` and `key_path` are not read).
+    pub self_managed: Option<selfmanaged::Options>,
     pub client_ca: Option<PathBuf>,
     pub limits: Limits,
     /// How often the policy and certificate files are checked for changes.
@@ -280,6 +289,38 @@ async fn start_audit(
     )))
 }
 
+/// What `--certs self-managed` needs without a cluster.
+const NO_CLUSTER_CERTS: &str = "the self-managed certificates need the API server: run in a \
+                                cluster, set KUBECONFIG or pass --kubeconfig, or pass \
+                                --tls-cert and --tls-key";
+
+/// The self-managed certificates, if asked for: the Secret's watch, the Lease, the leader.
+async fn start_self_managed(
+    opts: &ServeOptions,
+    state: &Arc<AppState>,
+    certs: &Arc<CertStore>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Option<selfmanaged::Running>> {
+    let Some(o) = &opts.self_managed else {
+        return Ok(None);
+    };
+    let (client, url, namespace) = client_for(
+        o.kubeconfig.as_deref(),
+        o.context.as_deref(),
+        NO_CLUSTER_CERTS,
+    )
+    .await?;
+    info!(apiserver = %url, "self-managed certificates: the serving certificate comes from a Secret");
+    Ok(Some(selfmanaged::start(
+        client,
+        &namespace,
+        o.clone(),
+        certs.clone(),
+        state.metrics.certs.clone(),
+        stop,
+    )))
+}
+
 /// Binds the sockets and serves `app(state)` behind TLS in the background.
 async fn start_with(
     opts: ServeOptions,
@@ -288,12 +329,16 @@ async fn start_with(
     let context_on = opts.cluster.is_some();
     let (active, policy_bytes) = reload::initial_policy(opts.policy_path.as_deref(), context_on)
         .map_err(anyhow::Error::msg)?;
-    let certs = Arc::new(CertStore::open(&opts.cert_path, &opts.key_path)?);
+    let certs = Arc::new(match &opts.self_managed {
+        None => CertStore::open(&opts.cert_path, &opts.key_path)?,
+        Some(_) => CertStore::waiting()?,
+    });
     let tls = crate::tls::server_config(certs.clone(), opts.client_ca.as_deref())?;
     let acceptor = TlsAcceptor::from(Arc::new(tls));
     let cluster = cluster_context(opts.cluster.as_ref()).await?;
     let state = AppState::with_cluster(active, opts.limits.clone(), cluster);
     state.metrics.cert_expiry.set(certs.not_after());
+    let _ = state.certs.set(certs.clone());
 
     let listener = TcpListener::bind(opts.listen)
         .await
@@ -314,9 +359,11 @@ async fn start_with(
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let audit = start_audit(&opts, &state, stop_rx.clone()).await?;
+    let managed = start_self_managed(&opts, &state, &certs, stop_rx.clone()).await?;
     let done = tokio::spawn(run(
         opts,
         audit,
+        managed,
         policy_bytes,
         app(state.clone()),
         listener,
@@ -342,6 +389,7 @@ async fn start_with(
 async fn run(
     opts: ServeOptions,
     audit: Option<Background>,
+    managed: Option<selfmanaged::Running>,
     policy_bytes: Vec<u8>,
     app: Router,
     listener: TcpListener,
@@ -385,6 +433,15 @@ async fn run(
             .is_err()
         {
             warn!("the background audit did not stop within 3 s");
+        }
+    }
+    if let Some(m) = managed {
+        // It stopped with the signal; the Lease's holder releases it.
+        if tokio::time::timeout(Duration::from_secs(3), m.task)
+            .await
+            .is_err()
+        {
+            warn!("the self-managed certificates did not stop within 3 s");
         }
     }
     if let Some(t) = metrics_task {

@@ -173,8 +173,11 @@ pub(super) async fn reload_loop(
                 cert_seen = None;
                 cert_reported = None;
                 if changed {
-                    let (c, _) = certs.paths();
-                    info!(path = %c.display(), not_after = certs.not_after(), "serving certificate reloaded");
+                    let path = certs
+                        .paths()
+                        .map(|(c, _)| c.display().to_string())
+                        .unwrap_or_default();
+                    info!(path = %path, not_after = certs.not_after(), "serving certificate reloaded");
                     state.metrics.cert_expiry.set(certs.not_after());
                     state
                         .metrics

@@ -117,6 +117,12 @@ async fn readyz(State(s): State<Arc<AppState>>, method: Method) -> Response {
     if !s.ready.load(Ordering::Relaxed) {
         return text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n");
     }
+    if s.certs.get().is_some_and(|c| !c.is_loaded()) {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: waiting for the serving certificate (self-managed: its Secret)\n",
+        );
+    }
     if !s.cluster.synced() {
         let waiting: Vec<&str> = s
             .cluster

@@ -102,6 +102,7 @@ pub mod net {
             policy_path: Some(dir.join("policy.yaml")),
             cert_path: dir.join("tls.crt"),
             key_path: dir.join("tls.key"),
+            self_managed: None,
             client_ca: None,
             cluster: None,
             audit: None,
@@ -628,5 +629,118 @@ pub mod slow {
                 Ok(Ok(0)) | Ok(Err(_))
             )
         }
+    }
+}
+
+/// RBAC as rendered: the grants of the Roles and ClusterRoles bound to a service account,
+/// to hold a real run's requests (the apiserver stand-in's log) to them.
+pub mod rbac {
+    use std::io::Write as _;
+    use std::process::Command;
+
+    use serde_json::Value;
+
+    /// (the namespace a Role's grant holds in, None for a ClusterRole's; apiGroup/resource;
+    /// verb; the resourceName it is limited to, None for any).
+    pub type Grant = (Option<String>, String, String, Option<String>);
+
+    /// `kubectl kustomize DIR` (relative to the repository), or None with a line on stderr
+    /// when kubectl is not on PATH.
+    pub fn render_if_kubectl(dir: &str) -> Option<Vec<Value>> {
+        let out = match Command::new("kubectl")
+            .arg("kustomize")
+            .arg(super::root().join(dir))
+            .output()
+        {
+            Ok(o) => o,
+            Err(_) => {
+                let _ = std::io::stderr().write_all(
+                    format!("SKIPPED the RBAC check against {dir}: kubectl is not on PATH\n")
+                        .as_bytes(),
+                );
+                return None;
+            }
+        };
+        assert!(
+            out.status.success(),
+            "kubectl kustomize {dir}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).unwrap())
+    }
+
+    /// The grants of every Role and ClusterRole bound to `sa` of `namespace`.
+    pub fn grants(docs: &[Value], sa: &str, namespace: &str) -> Vec<Grant> {
+        let bound = |kind: &str, name: &str, ns: Option<&str>| {
+            docs.iter().any(|b| {
+                b["kind"]
+                    == if kind == "Role" {
+                        "RoleBinding"
+                    } else {
+                        "ClusterRoleBinding"
+                    }
+                    && b["roleRef"]["kind"] == kind
+                    && b["roleRef"]["name"] == name
+                    && ns.is_none_or(|n| b["metadata"]["namespace"] == n)
+                    && b["subjects"].as_array().into_iter().flatten().any(|s| {
+                        s["kind"] == "ServiceAccount"
+                            && s["name"] == sa
+                            && s["namespace"] == namespace
+                    })
+            })
+        };
+        let mut out = vec![];
+        for role in docs
+            .iter()
+            .filter(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole")
+        {
+            let kind = role["kind"].as_str().unwrap();
+            let name = role["metadata"]["name"].as_str().unwrap();
+            let ns = role["metadata"]["namespace"].as_str();
+            if !bound(kind, name, ns) {
+                continue;
+            }
+            for rule in role["rules"].as_array().into_iter().flatten() {
+                let names: Vec<Option<String>> = match rule["resourceNames"].as_array() {
+                    Some(n) => n
+                        .iter()
+                        .map(|x| Some(x.as_str().unwrap().to_owned()))
+                        .collect(),
+                    None => vec![None],
+                };
+                for g in rule["apiGroups"].as_array().into_iter().flatten() {
+                    for r in rule["resources"].as_array().into_iter().flatten() {
+                        for v in rule["verbs"].as_array().into_iter().flatten() {
+                            for n in &names {
+                                out.push((
+                                    ns.map(str::to_owned),
+                                    format!("{}/{}", g.as_str().unwrap(), r.as_str().unwrap()),
+                                    v.as_str().unwrap().to_owned(),
+                                    n.clone(),
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether a request (verb on group/resource, in a namespace, naming an object) is
+    /// granted.
+    pub fn allows(
+        granted: &[Grant],
+        key: &str,
+        verb: &str,
+        namespace: Option<&str>,
+        name: Option<&str>,
+    ) -> bool {
+        granted.iter().any(|(ns, res, v, n)| {
+            res == key
+                && v == verb
+                && ns.as_deref().is_none_or(|g| namespace == Some(g))
+                && n.as_deref().is_none_or(|g| name == Some(g))
+        })
     }
 }

@@ -84,6 +84,28 @@ impl ResourceType {
     pub fn config_maps() -> Self {
         ResourceType::new("", "v1", "configmaps", "ConfigMap", true)
     }
+    pub fn secrets() -> Self {
+        // pkg/registry/core/secret's SelectableFields: `type` besides the metadata.
+        ResourceType::new("", "v1", "secrets", "Secret", true).with_fields(&["type"])
+    }
+    pub fn mutating_webhook_configurations() -> Self {
+        ResourceType::new(
+            "admissionregistration.k8s.io",
+            "v1",
+            "mutatingwebhookconfigurations",
+            "MutatingWebhookConfiguration",
+            false,
+        )
+    }
+    pub fn validating_webhook_configurations() -> Self {
+        ResourceType::new(
+            "admissionregistration.k8s.io",
+            "v1",
+            "validatingwebhookconfigurations",
+            "ValidatingWebhookConfiguration",
+            false,
+        )
+    }
     pub fn leases() -> Self {
         ResourceType::new("coordination.k8s.io", "v1", "leases", "Lease", true)
     }
@@ -130,11 +152,14 @@ impl ResourceType {
             Self::pods(),
             Self::namespaces(),
             Self::config_maps(),
+            Self::secrets(),
             Self::leases(),
             Self::resource_claims(),
             Self::resource_claim_templates(),
             Self::policy_reports(),
             Self::cluster_policy_reports(),
+            Self::mutating_webhook_configurations(),
+            Self::validating_webhook_configurations(),
         ]
     }
 }

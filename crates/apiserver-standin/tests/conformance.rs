@@ -918,3 +918,73 @@ async fn list_and_status_bodies_have_the_real_shapes() {
         .iter()
         .any(|r| r["name"] == "pods" && r["namespaced"] == true));
 }
+
+/// What the self-managed certificates read and write: one Secret watched by name (a
+/// field selector on `metadata.name`, as RBAC's resourceNames require of a watch), and the
+/// cluster-scoped webhook configurations replaced at the resourceVersion read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_watched_by_name_and_webhook_configurations_replaced_at_a_version() {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::Secret;
+    let server = ApiServer::start().await;
+    let secrets: Api<Secret> = Api::namespaced(server.client(), "tollgate-system");
+    let (reader, writer) = reflector::store::<Secret>();
+    let stream = watcher(
+        secrets.clone(),
+        watcher::Config::default().fields("metadata.name=tollgate-tls"),
+    )
+    .default_backoff()
+    .reflect(writer)
+    .applied_objects();
+    let task = tokio::spawn(async move {
+        let mut s = std::pin::pin!(stream);
+        while s.try_next().await.is_ok() {}
+    });
+    for name in ["other", "tollgate-tls"] {
+        let s: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "tollgate-system"},
+            "type": "kubernetes.io/tls",
+            "data": {"tls.crt": "Y3J0", "tls.key": "a2V5"},
+        }))
+        .unwrap();
+        secrets.create(&PostParams::default(), &s).await.unwrap();
+    }
+    eventually("the one Secret in the store", || reader.state().len() == 1).await;
+    assert_eq!(reader.state()[0].name_any(), "tollgate-tls");
+    assert_eq!(
+        reader.state()[0].data.as_ref().unwrap()["tls.key"].0,
+        b"key"
+    );
+    let selected = server.requests_for(Verb::Watch, "secrets");
+    assert!(selected
+        .iter()
+        .all(|r| r.param("fieldSelector").as_deref() == Some("metadata.name=tollgate-tls")));
+    task.abort();
+
+    let hooks: Api<MutatingWebhookConfiguration> = Api::all(server.client());
+    server.insert(
+        "mutatingwebhookconfigurations",
+        json!({"metadata": {"name": "tollgate"}, "webhooks": [{"name": "mutate.tollgate.dev",
+            "admissionReviewVersions": ["v1"], "sideEffects": "None",
+            "clientConfig": {"service": {"name": "tollgate", "namespace": "tollgate-system"}}}]}),
+    );
+    let mut read = hooks.get("tollgate").await.unwrap();
+    let stale = read.clone();
+    read.webhooks.as_mut().unwrap()[0].client_config.ca_bundle =
+        Some(k8s_openapi::ByteString(b"CA".to_vec()));
+    hooks
+        .replace("tollgate", &PostParams::default(), &read)
+        .await
+        .unwrap();
+    let e = api_error(
+        hooks
+            .replace("tollgate", &PostParams::default(), &stale)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, 409, "{e:?}");
+    let stored = server
+        .get("mutatingwebhookconfigurations", None, "tollgate")
+        .unwrap();
+    assert_eq!(stored["webhooks"][0]["clientConfig"]["caBundle"], "Q0E=");
+}

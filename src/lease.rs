@@ -1,4 +1,5 @@
-//! One replica audits at a time: a `coordination.k8s.io/v1` Lease, taken and renewed the
+//! One replica at a time does a cluster-wide duty (the background audit, the self-managed
+//! certificates): the holder of a `coordination.k8s.io/v1` Lease, taken and renewed the
 //! way client-go's leader election does it, with get and create or replace at the
 //! resourceVersion read (a 409 means another replica wrote first: this one is not the
 //! holder).
@@ -31,6 +32,39 @@ pub struct LeaseOptions {
     pub identity: String,
     pub duration: Duration,
     pub renew_every: Duration,
+    /// What the Lease is for, in log lines: `audit` gives `audit lease: acquired; this
+    /// replica audits`.
+    pub purpose: Purpose,
+}
+
+/// The duty a Lease elects a replica for, as the log lines name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Audit,
+    Certificates,
+}
+
+impl Purpose {
+    fn name(self) -> &'static str {
+        match self {
+            Purpose::Audit => "audit lease",
+            Purpose::Certificates => "certificate lease",
+        }
+    }
+
+    fn duty(self) -> &'static str {
+        match self {
+            Purpose::Audit => "this replica audits",
+            Purpose::Certificates => "this replica manages the certificates",
+        }
+    }
+
+    fn elsewhere(self) -> &'static str {
+        match self {
+            Purpose::Audit => "another replica audits",
+            Purpose::Certificates => "another replica manages the certificates",
+        }
+    }
 }
 
 impl LeaseOptions {
@@ -42,6 +76,7 @@ impl LeaseOptions {
             identity: identity(),
             duration: Duration::from_secs(30),
             renew_every: Duration::from_secs(10),
+            purpose: Purpose::Audit,
         }
     }
 }
@@ -95,7 +130,7 @@ impl Elector {
             let holds = match self.try_once().await {
                 Ok(holds) => holds,
                 Err(e) => {
-                    warn!(lease = %self.opts.name, error = %e, "audit lease: could not read or write the Lease");
+                    warn!(lease = %self.opts.name, error = %e, "{}: could not read or write the Lease", self.opts.purpose.name());
                     // Still the holder until the lease could have passed to someone else.
                     self.renewed
                         .is_some_and(|t| t.elapsed() < self.opts.duration)
@@ -117,7 +152,8 @@ impl Elector {
         let was = self.leader.send_replace(holds);
         if was != holds {
             info!(lease = %self.opts.name, identity = %self.opts.identity, leader = holds,
-                "audit lease: {}", if holds { "acquired; this replica audits" } else { "not held; another replica audits" });
+                "{}: {}", self.opts.purpose.name(),
+                if holds { format!("acquired; {}", self.opts.purpose.duty()) } else { format!("not held; {}", self.opts.purpose.elsewhere()) });
         }
     }
 
@@ -208,8 +244,10 @@ impl Elector {
             .replace(&self.opts.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => info!(lease = %self.opts.name, "audit lease released"),
-            Err(e) => warn!(lease = %self.opts.name, error = %e, "audit lease: could not release"),
+            Ok(_) => info!(lease = %self.opts.name, "{} released", self.opts.purpose.name()),
+            Err(e) => {
+                warn!(lease = %self.opts.name, error = %e, "{}: could not release", self.opts.purpose.name())
+            }
         }
     }
 }

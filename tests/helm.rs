@@ -1,0 +1,461 @@
+//! The Helm chart (deploy/helm/tollgate), linted and rendered by Helm itself: PyPI's
+//! `helm-python-sdk` carries Helm v4 as a library (no helm binary), driven by
+//! tests/helm/chart.py. `.ci/run` installs it where it is missing. Without python3 these
+//! tests print SKIPPED and pass; with python3 but without the package they fail, saying
+//! what to install.
+//!
+//! - `helm lint --strict` is clean, for Kubernetes 1.29 (the chart's floor) too.
+//! - The chart and the kustomize overlays do not drift: for the same settings they install
+//!   the same objects, every field compared (the chart's defaults against
+//!   deploy/overlays/self-managed; cert-manager with the background audit against
+//!   deploy/overlays/audit; the monitoring objects against deploy/monitoring). Only the two
+//!   labels Helm charts carry and kustomize has no reason to, `helm.sh/chart` and
+//!   `app.kubernetes.io/managed-by`, are taken out before comparing; nothing else is
+//!   normalised.
+//! - Every object rendered, by the chart and by the overlays, holds to the Kubernetes API's
+//!   schemas (tests/support/k8s_schema.rs).
+//! - values.schema.json refuses a wrong value at install, naming it.
+
+mod common;
+#[path = "support/k8s_schema.rs"]
+mod k8s_schema;
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use serde_json::{json, Value};
+
+const CHART: &str = "deploy/helm/tollgate";
+const NAMESPACE: &str = "tollgate-system";
+
+/// The cases rendered, by name, with their values.
+fn cases() -> Vec<(&'static str, Value)> {
+    let monitoring = json!({"serviceMonitor": {"enabled": true},
+        "prometheusRule": {"enabled": true}, "dashboard": {"enabled": true}});
+    vec![
+        ("defaults", json!({})),
+        ("self-managed", json!({"namespace": {"create": true}})),
+        (
+            "audit",
+            json!({"namespace": {"create": true}, "certificates": {"mode": "cert-manager"},
+                "audit": {"enabled": true, "installCRD": true}}),
+        ),
+        ("monitoring", json!({"monitoring": monitoring})),
+        (
+            "everything",
+            json!({"namespace": {"create": true}, "audit": {"enabled": true},
+                "monitoring": monitoring, "replicas": 3,
+                "webhooks": {"failurePolicy": {"validate": "Ignore"},
+                    "excludedNamespaces": ["kube-system", "gpu-operator"]},
+                "certificates": {"selfManaged": {"caOverlap": "2h"}},
+                "policy": {"validation": {"mode": "warn"}}}),
+        ),
+        ("wrong-replicas", json!({"replicas": "two"})),
+        ("wrong-mode", json!({"certificates": {"mode": "vault"}})),
+        (
+            "wrong-failure-policy",
+            json!({"webhooks": {"failurePolicy": {"mutate": "Open"}}}),
+        ),
+        ("misspelt", json!({"image": {"tgs": "1.0"}})),
+        (
+            "wrong-duration",
+            json!({"certificates": {"selfManaged": {"certValidity": "a year"}}}),
+        ),
+    ]
+}
+
+/// What tests/helm/chart.py answered, once per test binary; None: no python3.
+fn helm() -> Option<&'static Value> {
+    static ANSWER: OnceLock<Option<Value>> = OnceLock::new();
+    ANSWER
+        .get_or_init(|| {
+            let request = json!({
+                "chart": common::root().join(CHART),
+                "lint": [{"namespace": NAMESPACE},
+                    {"namespace": NAMESPACE, "kube_version": "v1.29.0"}],
+                "cases": cases().into_iter().map(|(name, values)|
+                    json!({"name": name, "values": values, "namespace": NAMESPACE}))
+                    .collect::<Vec<_>>(),
+            });
+            let child = Command::new("python3")
+                .arg(common::root().join("tests/helm/chart.py"))
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn();
+            let Ok(mut child) = child else {
+                let _ = std::io::stderr().write_all(
+                    b"tests/helm.rs: SKIPPED the chart's tests: python3 is not on PATH\n",
+                );
+                return None;
+            };
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(request.to_string().as_bytes())
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "tests/helm/chart.py failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert!(
+                answer.get("missing").is_none(),
+                "helm-python-sdk is not installed ({}): python3 -m pip install helm-python-sdk \
+                 (.ci/run does)",
+                answer["missing"]
+            );
+            Some(answer)
+        })
+        .as_ref()
+}
+
+/// The objects a case rendered (NOTES aside), or its error.
+fn rendered(case: &str) -> Result<Vec<Value>, String> {
+    let answer = &helm().unwrap()["cases"][case];
+    if let Some(e) = answer["error"].as_str() {
+        return Err(e.to_owned());
+    }
+    let mut docs = vec![];
+    let manifests: BTreeMap<String, String> =
+        serde_json::from_value(answer["manifests"].clone()).unwrap();
+    for (template, text) in manifests {
+        if template.ends_with("NOTES.txt") {
+            continue;
+        }
+        let parsed: Vec<Value> = serde_saphyr::from_multiple(&text)
+            .unwrap_or_else(|e| panic!("{template} is not YAML: {e}\n{text}"));
+        docs.extend(parsed.into_iter().filter(|d| !d.is_null()));
+    }
+    Ok(docs)
+}
+
+fn notes(case: &str) -> String {
+    helm().unwrap()["cases"][case]["manifests"]["tollgate/templates/NOTES.txt"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// The objects by kind and name, with the two labels of Helm charts taken out.
+fn by_key(docs: Vec<Value>) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    for mut d in docs {
+        // get_mut, not indexing: `d["metadata"]["labels"]` would add a null where none is.
+        let labels = d
+            .get_mut("metadata")
+            .and_then(|m| m.get_mut("labels"))
+            .and_then(Value::as_object_mut);
+        if let Some(labels) = labels {
+            labels.remove("helm.sh/chart");
+            labels.remove("app.kubernetes.io/managed-by");
+            if labels.is_empty() {
+                d["metadata"].as_object_mut().unwrap().remove("labels");
+            }
+        }
+        let key = format!(
+            "{}/{}",
+            d["kind"].as_str().unwrap(),
+            d["metadata"]["name"].as_str().unwrap()
+        );
+        assert!(out.insert(key.clone(), d).is_none(), "{key} twice");
+    }
+    out
+}
+
+fn kustomize(dir: &str) -> Option<Vec<Value>> {
+    common::rbac::render_if_kubectl(dir)
+}
+
+/// Every object alike, field for field; on a difference, the paths that differ.
+fn assert_same(chart: BTreeMap<String, Value>, kustomize: BTreeMap<String, Value>, what: &str) {
+    let c: Vec<&String> = chart.keys().collect();
+    let k: Vec<&String> = kustomize.keys().collect();
+    assert_eq!(
+        c, k,
+        "{what}: the chart and kustomize install other objects"
+    );
+    for (key, want) in &kustomize {
+        let got = &chart[key];
+        if got != want {
+            let mut diffs = vec![];
+            diff(want, got, key, &mut diffs);
+            panic!(
+                "{what}: {key} differs (kustomize, then the chart):\n{}",
+                diffs.join("\n")
+            );
+        }
+    }
+}
+
+fn diff(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for k in x.keys().chain(y.keys().filter(|k| !x.contains_key(*k))) {
+                match (x.get(k), y.get(k)) {
+                    (Some(v), Some(w)) => diff(v, w, &format!("{path}.{k}"), out),
+                    (v, w) => out.push(format!("  {path}.{k}: {v:?} / {w:?}")),
+                }
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (v, w)) in x.iter().zip(y).enumerate() {
+                diff(v, w, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ if a == b => {}
+        _ => out.push(format!("  {path}: {a} / {b}")),
+    }
+}
+
+#[test]
+fn the_chart_lints_clean() {
+    let Some(answer) = helm() else { return };
+    let lints = answer["lint"].as_array().unwrap();
+    assert_eq!(lints.len(), 2);
+    for lint in lints {
+        assert_eq!(lint["total_charts_linted"], 1);
+        assert_eq!(lint["errors"], json!([]), "{lint:#}");
+        assert_eq!(lint["messages"], json!([]), "not even an info: {lint:#}");
+    }
+    assert_eq!(answer["metadata"]["kubeVersion"], ">=1.29.0-0");
+    assert_eq!(answer["metadata"]["apiVersion"], "v2");
+    eprintln!("tests/helm.rs: helm-python-sdk {}", answer["sdk"]);
+}
+
+#[test]
+fn the_charts_defaults_install_what_the_self_managed_overlay_installs() {
+    let Some(_) = helm() else { return };
+    let Some(k) = kustomize("deploy/overlays/self-managed") else {
+        return;
+    };
+    assert_same(
+        by_key(rendered("self-managed").unwrap()),
+        by_key(k),
+        "defaults (with namespace.create)",
+    );
+    // Without namespace.create, the same less the Namespace (`helm install
+    // --create-namespace`; the NOTES say how to label it).
+    let defaults = by_key(rendered("defaults").unwrap());
+    let mut with = by_key(rendered("self-managed").unwrap());
+    with.remove("Namespace/tollgate-system");
+    assert_eq!(defaults, with);
+    let notes = notes("defaults");
+    assert!(
+        notes.contains("kubectl label namespace NAMESPACE tollgate.dev/enforce=enabled"),
+        "{notes}"
+    );
+    assert!(
+        notes.contains(
+            "kubectl label namespace tollgate-system pod-security.kubernetes.io/enforce=restricted"
+        ),
+        "{notes}"
+    );
+}
+
+#[test]
+fn cert_manager_with_the_audit_installs_what_the_audit_overlay_installs() {
+    let Some(_) = helm() else { return };
+    let Some(k) = kustomize("deploy/overlays/audit") else {
+        return;
+    };
+    assert_same(
+        by_key(rendered("audit").unwrap()),
+        by_key(k),
+        "cert-manager and the audit",
+    );
+    assert!(notes("audit").contains("kubectl get policyreports -A"));
+}
+
+#[test]
+fn the_monitoring_objects_are_deploy_monitorings() {
+    let Some(_) = helm() else { return };
+    let Some(k) = kustomize("deploy/monitoring") else {
+        return;
+    };
+    let chart: BTreeMap<String, Value> = by_key(rendered("monitoring").unwrap())
+        .into_iter()
+        .filter(|(key, _)| {
+            key.starts_with("ServiceMonitor/")
+                || key.starts_with("PrometheusRule/")
+                || key == "ConfigMap/tollgate-dashboard"
+        })
+        .collect();
+    assert_same(chart, by_key(k), "monitoring");
+}
+
+#[test]
+fn values_change_what_they_name_and_nothing_else() {
+    let Some(_) = helm() else { return };
+    let base = by_key(rendered("self-managed").unwrap());
+    let all = by_key(rendered("everything").unwrap());
+    assert_eq!(all["Deployment/tollgate"]["spec"]["replicas"], 3);
+    let args: Vec<&str> = all["Deployment/tollgate"]["spec"]["template"]["spec"]["containers"][0]
+        ["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let tail = args.join(" ");
+    assert!(
+        tail.contains("--certs self-managed --ca-overlap 2h"),
+        "{tail}"
+    );
+    assert!(
+        tail.contains("--audit-interval 10m --audit-exclude-namespace kube-system --audit-exclude-namespace gpu-operator --audit-exclude-namespace tollgate-system"),
+        "{tail}"
+    );
+    let v = &all["ValidatingWebhookConfiguration/tollgate"]["webhooks"][0];
+    assert_eq!(v["failurePolicy"], "Ignore");
+    assert_eq!(
+        v["namespaceSelector"]["matchExpressions"][0]["values"],
+        json!(["kube-system", "gpu-operator", "tollgate-system"])
+    );
+    assert_eq!(
+        all["MutatingWebhookConfiguration/tollgate"]["webhooks"][0]["failurePolicy"],
+        "Fail"
+    );
+    // The inline policy is the ConfigMap's file, and one tollgate loads.
+    let text = all["ConfigMap/tollgate-policy"]["data"]["default.yaml"]
+        .as_str()
+        .unwrap();
+    let policy = tollgate_core::policy::Policy::from_text("values.policy", text).unwrap();
+    assert_eq!(
+        format!("{:?}", policy.validation.mode).to_lowercase(),
+        "warn"
+    );
+    // The webhooks' rules are the base's whatever the values.
+    assert_eq!(
+        v["rules"],
+        base["ValidatingWebhookConfiguration/tollgate"]["webhooks"][0]["rules"]
+    );
+}
+
+#[test]
+fn a_wrong_value_fails_at_install_with_its_name() {
+    let Some(_) = helm() else { return };
+    for (case, names) in [
+        ("wrong-replicas", "/replicas"),
+        ("wrong-mode", "/certificates/mode"),
+        ("wrong-failure-policy", "/webhooks/failurePolicy/mutate"),
+        ("misspelt", "tgs"),
+        ("wrong-duration", "/certificates/selfManaged/certValidity"),
+    ] {
+        let e = rendered(case).expect_err(case);
+        assert!(e.contains(names), "{case}: {e}");
+    }
+}
+
+/// Every object of the chart (all its cases) and of the overlays holds to the Kubernetes
+/// API's schemas; only cert-manager's and the Prometheus Operator's kinds go unchecked.
+#[test]
+fn every_rendered_object_holds_to_the_kubernetes_schemas() {
+    let schemas = k8s_schema::Schemas::load();
+    let mut sets: Vec<(String, Vec<Value>)> = vec![];
+    if helm().is_some() {
+        for (case, _) in cases() {
+            if let Ok(docs) = rendered(case) {
+                sets.push((format!("chart {case}"), docs));
+            }
+        }
+    }
+    for dir in [
+        "deploy/overlays/self-managed",
+        "deploy/overlays/cert-manager",
+        "deploy/overlays/audit",
+        "deploy/overlays/native-validation",
+        "deploy/overlays/two-teams",
+        "deploy/monitoring",
+    ] {
+        if let Some(docs) = kustomize(dir) {
+            sets.push((dir.to_owned(), docs));
+        }
+    }
+    let mut unchecked = std::collections::BTreeSet::new();
+    let mut checked = 0;
+    for (what, docs) in &sets {
+        for d in docs {
+            match schemas.check(d) {
+                Ok(k8s_schema::Checked::Unchecked(kind)) => {
+                    unchecked.insert(kind);
+                }
+                Ok(_) => checked += 1,
+                Err(errors) => panic!(
+                    "{what}: {} {} breaks the schema:\n{}",
+                    d["kind"],
+                    d["metadata"]["name"],
+                    errors.join("\n")
+                ),
+            }
+        }
+    }
+    for kind in &unchecked {
+        assert!(
+            kind.starts_with("cert-manager.io/") || kind.starts_with("monitoring.coreos.com/"),
+            "no schema checks {kind}"
+        );
+    }
+    if !sets.is_empty() {
+        assert!(checked > 50, "{checked} objects checked");
+    }
+}
+
+/// The checks themselves: they catch what the apiserver would refuse.
+#[test]
+fn the_schema_checks_refuse_what_the_apiserver_refuses() {
+    let schemas = k8s_schema::Schemas::load();
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "d"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}},
+            "template": {"spec": {"containers": [{"name": "c", "image": "i",
+                "ports": [{"containerPort": 8443}]}]}}}});
+    assert_eq!(schemas.check(&deployment), Ok(k8s_schema::Checked::OpenApi));
+    let mut typo = deployment.clone();
+    typo["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = json!("Always");
+    let e = schemas.check(&typo).unwrap_err();
+    assert!(e[0].contains("imagePullPolcy: unknown field"), "{e:?}");
+    let mut wrong = deployment.clone();
+    wrong["spec"]["replicas"] = json!("2");
+    assert!(schemas.check(&wrong).is_err());
+    let mut missing = deployment.clone();
+    missing["spec"].as_object_mut().unwrap().remove("selector");
+    assert!(schemas.check(&missing).unwrap_err()[0].contains("selector: required"));
+    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "r"}, "rules": [{"apiGroups": [""], "resources": ["secrets"],
+        "verbs": ["get"], "resourceName": ["x"]}]});
+    assert!(schemas.check(&role).unwrap_err()[0].contains("resourceName: unknown field"));
+}
+
+#[test]
+fn the_charts_copies_are_the_originals() {
+    // No Helm needed. A chart reads no file outside its directory, so these are copies;
+    // this keeps them honest.
+    for (copy, original) in [
+        ("files/policy.yaml", "policies/default.yaml"),
+        (
+            "files/prometheusrule.yaml",
+            "deploy/monitoring/prometheusrule.yaml",
+        ),
+        (
+            "files/dashboard.json",
+            "deploy/monitoring/dashboards/tollgate.json",
+        ),
+        (
+            "files/policyreports-crd.yaml",
+            "deploy/components/policy-reports/crd/wgpolicyk8s.io_policyreports.yaml",
+        ),
+    ] {
+        let a = std::fs::read(common::root().join(CHART).join(copy)).unwrap();
+        let b = std::fs::read(common::root().join(original)).unwrap();
+        assert!(
+            a == b,
+            "{CHART}/{copy} differs from {original}; run\n  cp {original} {CHART}/{copy}"
+        );
+    }
+}
