@@ -988,6 +988,8 @@ fn the_audit_component_adds_its_flag_rbac_and_crd_and_nothing_else() {
         .map(|k| format!("{}/{}s list", k.group, k.kind.to_ascii_lowercase()))
         .collect();
     listed.sort();
+    // RBAC has no versions: two versions of one kind (MPIJob v1 and v2beta1) are one grant.
+    listed.dedup();
     assert_eq!(workloads, listed, "the audit lists the policy's workloads");
     assert_eq!(
         audit,
