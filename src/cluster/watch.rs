@@ -212,8 +212,8 @@ impl Watched {
             Arc::new(Health::named("resourceclaims")),
             Arc::new(Health::named("resourceclaimtemplates")),
             Arc::new(Health::named("namespaces")),
-            Arc::new(Health::optional(Namespaced::PLURAL)),
-            Arc::new(Health::optional(ClusterScoped::PLURAL)),
+            Arc::new(Health::optional(super::OPTIONAL_RESOURCES[0])),
+            Arc::new(Health::optional(super::OPTIONAL_RESOURCES[1])),
         ];
         let (claims, t1) = watch(
             Api::<ResourceClaim>::all(client.clone()),
