@@ -968,7 +968,7 @@ pub fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::Offline;
+    use crate::cluster::{Objects, Offline};
     use serde_json::json;
 
     fn fixture(name: &str) -> Value {
@@ -1116,6 +1116,169 @@ mod tests {
         let v = validate(&policy, &Offline, &controller);
         assert!(v.allowed);
         assert_eq!(v.opt_out, Some(OptOut::Honoured));
+    }
+
+    fn torch_runtime() -> Objects {
+        let mut o = Objects::complete();
+        o.add_training_runtime(json!({
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "ClusterTrainingRuntime",
+            "metadata": {"name": "torch-distributed"},
+            "spec": {"template": {"spec": {"replicatedJobs": [{
+                "name": "node",
+                "template": {
+                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                    "spec": {"template": {"spec": {"containers": [{"name": "node", "image": "i"}]}}}
+                }
+            }]}}}
+        }));
+        o
+    }
+
+    #[test]
+    fn a_trainjobs_approval_goes_into_an_override_of_its_own() {
+        let policy = Policy::builtin();
+        let kind = policy
+            .workloads
+            .kind("trainer.kubeflow.org", "v1alpha1", "TrainJob")
+            .unwrap();
+        let cluster = torch_runtime();
+        let masters = vec!["system:masters".to_owned()];
+        let none: Vec<String> = vec![];
+        let key = "tollgate.dev/opt-out-approved-by";
+        // Trainer v2.2 on: asked in a runtime patch that also carries a forged approval.
+        let job = json!({
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": "t", "namespace": "ml"},
+            "spec": {
+                "runtimeRef": {"name": "torch-distributed"},
+                "runtimePatches": [{
+                    "manager": "example.io/team",
+                    "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
+                        "name": "node",
+                        "template": {"spec": {"template": {"metadata": {"annotations": {
+                            "tollgate.dev/opt-out": "true", key: "mallory"
+                        }}}}}
+                    }]}}}
+                }]
+            }
+        });
+        let w = Workload {
+            kind,
+            object: &job,
+            old: None,
+            operation: Operation::Create,
+            who: who("alice", &masters),
+        };
+        let m = mutate(&policy, &cluster, &w);
+        assert_eq!(m.templates[0].decision, "approved");
+        let stamped = apply(&job, m.patch.as_deref().unwrap());
+        let patches = stamped["spec"]["runtimePatches"].as_array().unwrap();
+        assert_eq!(patches.len(), 2);
+        let annotations = |p: &Value| {
+            p.pointer("/trainingRuntimeSpec/template/spec/replicatedJobs/0/template/spec/template/metadata/annotations")
+                .cloned()
+        };
+        assert_eq!(
+            annotations(&patches[0]),
+            Some(json!({"tollgate.dev/opt-out": "true"}))
+        );
+        assert_eq!(patches[1]["manager"], key);
+        assert_eq!(annotations(&patches[1]), Some(json!({key: "alice"})));
+        let again = Workload {
+            object: &stamped,
+            ..w
+        };
+        assert!(
+            mutate(&policy, &cluster, &again).patch.is_none(),
+            "idempotent"
+        );
+        let v = validate(&policy, &cluster, &again);
+        assert!(v.allowed, "{:?}", v.message);
+        assert_eq!(v.opt_out, Some(OptOut::Honoured));
+        // Bob may not: the approval is removed, or refused.
+        let bob = Workload {
+            object: &stamped,
+            who: who("bob", &none),
+            ..w
+        };
+        let cleaned = apply(
+            &stamped,
+            mutate(&policy, &cluster, &bob).patch.as_deref().unwrap(),
+        );
+        assert_eq!(
+            cleaned["spec"]["runtimePatches"].as_array().unwrap().len(),
+            1
+        );
+        assert!(!validate(&policy, &cluster, &bob).allowed);
+
+        // Trainer v2.1: asked in podTemplateOverrides, approved in an override of its own.
+        let job = json!({
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": "t", "namespace": "ml"},
+            "spec": {
+                "runtimeRef": {"name": "torch-distributed"},
+                "podTemplateOverrides": [{
+                    "targetJobs": [{"name": "node"}],
+                    "metadata": {"annotations": {"tollgate.dev/opt-out": "true"}}
+                }]
+            }
+        });
+        let w = Workload { object: &job, ..w };
+        let stamped = apply(
+            &job,
+            mutate(&policy, &cluster, &w).patch.as_deref().unwrap(),
+        );
+        assert_eq!(
+            stamped["spec"]["podTemplateOverrides"][1],
+            json!({"targetJobs": [{"name": "node"}], "metadata": {"annotations": {key: "alice"}}})
+        );
+        assert!(stamped["spec"].get("runtimePatches").is_none());
+        let again = Workload {
+            object: &stamped,
+            ..w
+        };
+        assert!(
+            mutate(&policy, &cluster, &again).patch.is_none(),
+            "idempotent"
+        );
+        assert_eq!(
+            validate(&policy, &cluster, &again).opt_out,
+            Some(OptOut::Honoured)
+        );
+    }
+
+    #[test]
+    fn a_trainjob_whose_runtime_is_not_known_is_allowed_and_named() {
+        let policy = Policy::builtin();
+        let kind = policy
+            .workloads
+            .kind("trainer.kubeflow.org", "v1alpha1", "TrainJob")
+            .unwrap();
+        let none: Vec<String> = vec![];
+        let job = json!({"metadata": {"name": "t"}, "spec": {"runtimeRef": {"name": "torch-distributed"}}});
+        let w = Workload {
+            kind,
+            object: &job,
+            old: None,
+            operation: Operation::Create,
+            who: who("bob", &none),
+        };
+        let v = validate(&policy, &Objects::default(), &w);
+        assert!(v.allowed);
+        assert_eq!(v.unresolved.len(), 1);
+        assert!(
+            v.warnings[0]
+                .contains("does not know its runtime ClusterTrainingRuntime \"torch-distributed\""),
+            "{:?}",
+            v.warnings
+        );
+        let m = mutate(&policy, &Objects::default(), &w);
+        assert!(m.patch.is_none());
+        assert_eq!(
+            m.unresolved, v.unresolved,
+            "the shell fetches it for either webhook"
+        );
     }
 
     #[test]
