@@ -154,14 +154,69 @@ fn large_cases() -> Vec<Case> {
     ]
 }
 
+/// A TrainJob in the shape of Kubeflow Trainer's examples (torch-distributed, 4 nodes,
+/// one GPU each by resourcesPerNode, an env var, a runtime patch), as the compact CREATE
+/// review the apiserver sends; its runtime is in [`context`].
+pub fn trainjob() -> Value {
+    json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "llama-finetune", "namespace": "ml"},
+        "spec": {
+            "runtimeRef": {
+                "apiGroup": "trainer.kubeflow.org",
+                "kind": "ClusterTrainingRuntime",
+                "name": "torch-distributed"
+            },
+            "trainer": {
+                "numNodes": 4,
+                "command": ["torchrun", "--no-python", "python3", "train.py"],
+                "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+                "resourcesPerNode": {
+                    "requests": {"cpu": "8", "memory": "64Gi"},
+                    "limits": {"nvidia.com/gpu": "1"}
+                }
+            },
+            "runtimePatches": [{
+                "manager": "example.io/platform-team",
+                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
+                    "name": "node",
+                    "template": {"spec": {"template": {"spec": {
+                        "nodeSelector": {"node-type": "training"}
+                    }}}}
+                }]}}}
+            }]
+        }
+    })
+}
+
+fn trainjob_cases() -> Vec<Case> {
+    let review = tollgate::cli::synthetic_review(&trainjob(), Some("ml"), "alice", &[]);
+    let body = serde_json::to_vec(&review).unwrap();
+    vec![
+        Case {
+            name: "trainjob.mutate".into(),
+            endpoint: Endpoint::Mutate,
+            body: body.clone(),
+        },
+        Case {
+            name: "trainjob.validate".into(),
+            endpoint: Endpoint::Validate,
+            body,
+        },
+    ]
+}
+
 fn cases() -> Vec<Case> {
     let mut v = fixture_cases();
     v.extend(large_cases());
+    v.extend(trainjob_cases());
     v
 }
 
-/// The cluster context of the fixtures: the claim template `dra-trainer` names and the
-/// fixtures' namespaces, as the server's caches would hold them. Pods without claims, and
+/// The cluster context of the fixtures: the claim template `dra-trainer` names, the
+/// fixtures' namespaces and the TrainJob's runtime (Trainer's shipped torch-distributed),
+/// as the server's caches would hold them. Pods without claims, and
 /// policies without namespace-label profiles, never look at it.
 fn context() -> Objects {
     let mut o = Objects::default();
@@ -186,6 +241,24 @@ fn context() -> Objects {
         }))
         .expect("a ResourceClaimTemplate"),
     );
+    o.add_training_runtime(json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": "torch-distributed", "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {"spec": {"replicatedJobs": [{
+                "name": "node",
+                "template": {
+                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                    "spec": {"template": {"spec": {"containers": [{
+                        "name": "node",
+                        "image": "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
+                    }]}}}
+                }
+            }]}}
+        }
+    }));
     o
 }
 
@@ -220,6 +293,13 @@ fn bench_review(c: &mut Criterion) {
                 "dra-trainer gets its GPU toleration through the template: {:?}",
                 r.steps()
             );
+        }
+        // The TrainJob must be judged by its runtime's node step, known from the context.
+        if case.name == "trainjob.validate" {
+            let r = review_bytes_with(case.endpoint, &policy, &cluster, &case.body).unwrap();
+            let judged: Vec<_> = r.templates().iter().map(|t| t.decision).collect();
+            assert_eq!(judged, ["allowed"], "the TrainJob's node step is judged");
+            assert!(r.unresolved.is_empty(), "its runtime is in the context");
         }
         group.bench_function(&case.name, |b| {
             b.iter(|| review_once(&policy, &cluster, &case))

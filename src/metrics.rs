@@ -546,6 +546,25 @@ impl Metrics {
 
     /// Brings the cluster context's series up to date with its caches.
     pub fn observe_cluster(&self, status: &[ResourceStatus]) {
+        // A resource the cluster does not serve (no Kubeflow Trainer) has no series, and
+        // keeps none from before its first list answered 404.
+        for gone in crate::cluster::OPTIONAL_RESOURCES
+            .into_iter()
+            .filter(|g| !status.iter().any(|r| r.resource == *g))
+        {
+            let l = ResourceLabels { resource: gone };
+            self.cluster_synced.remove(&l);
+            self.cluster_age.remove(&l);
+            self.cluster_objects.remove(&l);
+            self.cluster_last_sync.remove(&l);
+            self.cluster_restarts.remove(&l);
+            for result in ["found", "absent", "failed"] {
+                self.cluster_fetches.remove(&FetchLabels {
+                    resource: gone,
+                    result,
+                });
+            }
+        }
         for r in status {
             let l = ResourceLabels {
                 resource: r.resource,

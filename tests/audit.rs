@@ -1068,3 +1068,101 @@ async fn an_expired_continue_token_resumes_with_the_one_the_410_carries() {
         .collect();
     assert_eq!(statuses, [200, 410, 200, 200], "{statuses:?}");
 }
+
+/// A TrainJob is judged by the pods of the runtime it names, read from the cluster: a
+/// namespace's TrainingRuntime and a ClusterTrainingRuntime, each listed once per namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trainjobs_are_judged_by_the_runtimes_they_name() {
+    let api = ApiServer::builder()
+        .resources(ResourceType::defaults())
+        .resource(ResourceType::new(
+            "trainer.kubeflow.org",
+            "v1alpha1",
+            "trainjobs",
+            "TrainJob",
+            true,
+        ))
+        .resource(ResourceType::new(
+            "trainer.kubeflow.org",
+            "v1alpha1",
+            "trainingruntimes",
+            "TrainingRuntime",
+            true,
+        ))
+        .resource(ResourceType::new(
+            "trainer.kubeflow.org",
+            "v1alpha1",
+            "clustertrainingruntimes",
+            "ClusterTrainingRuntime",
+            false,
+        ))
+        .start()
+        .await;
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    api.write_kubeconfig(kubeconfig.path()).unwrap();
+    let c = Cluster { api, kubeconfig };
+    c.namespace("ml", json!({}));
+    let runtime = |kind: &str, name: &str, resources: Value| {
+        json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": kind,
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"template": {"spec": {"replicatedJobs": [{"name": "node",
+                "template": {
+                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                    "spec": {"template": {"spec": {"containers": [
+                        {"name": "node", "image": "pytorch", "resources": resources}]}}}}}]}}}})
+    };
+    c.api.insert(
+        "trainingruntimes",
+        runtime("TrainingRuntime", "bare", json!({})),
+    );
+    let mut cluster_runtime = runtime(
+        "ClusterTrainingRuntime",
+        "sized",
+        json!({"requests": {"cpu": "4", "memory": "16Gi"}}),
+    );
+    cluster_runtime["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("namespace");
+    c.api.insert("clustertrainingruntimes", cluster_runtime);
+    let trainjob = |name: &str, kind: &str, runtime: &str| {
+        json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"runtimeRef": {"name": runtime, "kind": kind},
+                     "trainer": {"numNodes": 2, "command": ["torchrun", "train.py"]}}})
+    };
+    c.api
+        .insert("trainjobs", trainjob("on-bare", "TrainingRuntime", "bare"));
+    c.api.insert(
+        "trainjobs",
+        trainjob("on-sized", "ClusterTrainingRuntime", "sized"),
+    );
+    let policy = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        policy.path(),
+        "mutation:\n  defaultResources:\n    enabled: false\n",
+    )
+    .unwrap();
+    let out = c
+        .audit(&[
+            "-n",
+            "ml",
+            "--output",
+            "json",
+            "--policy",
+            policy.path().to_str().unwrap(),
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let lines = json_lines(&out);
+    let refused: Vec<&Value> = lines.iter().filter(|l| l["result"] == "fail").collect();
+    assert_eq!(refused.len(), 1, "{lines:#?}");
+    assert_eq!(refused[0]["object"]["kind"], "TrainJob");
+    assert_eq!(refused[0]["object"]["name"], "on-bare");
+    assert_eq!(refused[0]["missing"][0]["container"], "node");
+    assert!(
+        stderr(&out).contains("audited 2 trainjobs in 1 namespace: 1 would be refused"),
+        "{}",
+        stderr(&out)
+    );
+}

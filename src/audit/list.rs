@@ -114,12 +114,18 @@ pub async fn namespaces(
     }
 }
 
-/// A namespace's cluster context: the namespace, its ResourceClaimTemplates and its
-/// standalone ResourceClaims. Claims generated from a template for one pod are left out:
+/// A namespace's cluster context: the namespace, its ResourceClaimTemplates, its
+/// standalone ResourceClaims, and the Kubeflow Trainer runtimes its TrainJobs may name
+/// (its TrainingRuntimes and the ClusterTrainingRuntimes), when the policy judges
+/// TrainJobs. Claims generated from a template for one pod are left out:
 /// a pod names its template, which is what the engine reads, and those claims are one per
 /// pod, so keeping them would grow with the namespace. A cluster that does not serve
 /// `resource.k8s.io/v1` (404) has no claims at all.
-pub async fn context(a: &Auditor, ns: &NamespaceInfo) -> Result<Objects, AuditError> {
+pub async fn context(
+    a: &Auditor,
+    ns: &NamespaceInfo,
+    policy: &Policy,
+) -> Result<Objects, AuditError> {
     let mut objects = Objects::complete();
     objects.add_namespace(ns.object());
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(a.client.clone(), &ns.name);
@@ -152,7 +158,72 @@ pub async fn context(a: &Auditor, ns: &NamespaceInfo) -> Result<Objects, AuditEr
         },
     )
     .await?;
+    let trainjobs =
+        policy.workloads.enabled && policy.workloads.kinds.iter().any(|k| k.from.is_some());
+    if trainjobs {
+        for (resource, namespace) in [
+            (TRAINING_RUNTIMES, Some(ns.name.as_str())),
+            (CLUSTER_TRAINING_RUNTIMES, None),
+        ] {
+            runtimes(a, resource, namespace, &mut objects).await?;
+        }
+    }
     Ok(objects)
+}
+
+const TRAINING_RUNTIMES: (&str, &str) = ("TrainingRuntime", "trainingruntimes");
+const CLUSTER_TRAINING_RUNTIMES: (&str, &str) =
+    ("ClusterTrainingRuntime", "clustertrainingruntimes");
+
+/// The runtimes of one resource, in pages, as JSON; none where Trainer is not installed
+/// (404) or the identity may not list them (403: a TrainJob on them is then allowed with
+/// the warning that its runtime was not found).
+async fn runtimes(
+    a: &Auditor,
+    (kind, plural): (&str, &str),
+    namespace: Option<&str>,
+    objects: &mut Objects,
+) -> Result<(), AuditError> {
+    let gvk = kube::api::GroupVersionKind::gvk("trainer.kubeflow.org", "v1alpha1", kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+    let path = <kube::api::DynamicObject as kube::Resource>::url_path(&resource, namespace);
+    let mut lp = ListParams::default().limit(a.page_size);
+    loop {
+        let request = kube::core::Request::new(path.clone())
+            .list(&lp)
+            .map_err(|e| AuditError::Api {
+                what: format!("list {plural}"),
+                detail: e.to_string(),
+            })?;
+        let page: RawList = match a.client.request(request).await {
+            Ok(p) => p,
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => return Ok(()),
+            Err(e) => {
+                return Err(classify(
+                    &a.url,
+                    Needs {
+                        verb: "list",
+                        resource: plural,
+                        namespace,
+                    },
+                    e,
+                ))
+            }
+        };
+        for mut item in page.items {
+            if let Some(o) = item.as_object_mut() {
+                o.insert("kind".into(), kind.into());
+                if let Some(Value::Object(m)) = o.get_mut("metadata") {
+                    m.remove("managedFields");
+                }
+            }
+            objects.add_training_runtime(item);
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = lp.continue_token(&c),
+            None => return Ok(()),
+        }
+    }
 }
 
 async fn for_each_page<K>(

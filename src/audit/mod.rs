@@ -151,6 +151,12 @@ impl Cluster for Via<'_> {
     fn namespace(&self, name: &str) -> Lookup<Arc<k8s_openapi::api::core::v1::Namespace>> {
         self.0.namespace(name)
     }
+    fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<serde_json::Value>> {
+        self.0.training_runtime(namespace, name)
+    }
+    fn cluster_training_runtime(&self, name: &str) -> Lookup<Arc<serde_json::Value>> {
+        self.0.cluster_training_runtime(name)
+    }
     fn is_offline(&self) -> bool {
         self.0.is_offline()
     }
@@ -344,7 +350,7 @@ impl Auditor {
                 &shared
             }
             Context::PerNamespace => {
-                local = list::context(self, namespace).await?;
+                local = list::context(self, namespace, policy).await?;
                 &local
             }
         };

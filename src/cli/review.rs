@@ -371,6 +371,10 @@ pub fn add_context(context: &mut Objects, doc: &Value, namespace: &str) -> Resul
                 .or_insert(name);
             context.add_namespace(ns)
         }
+        // What a TrainJob's pods are made from, read as JSON.
+        ("TrainingRuntime" | "ClusterTrainingRuntime", "trainer.kubeflow.org/v1alpha1") => {
+            return Ok(context.add_training_runtime(doc.clone()));
+        }
         _ => return Ok(false),
     }
     Ok(true)

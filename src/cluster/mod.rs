@@ -9,6 +9,10 @@ mod watch;
 
 pub use watch::{Options, Watched};
 
+/// The caches of resources a cluster may not serve (Kubeflow Trainer's runtimes, a CRD's):
+/// while it does not, they have no metric series and readiness does not wait for them.
+pub const OPTIONAL_RESOURCES: [&str; 2] = ["trainingruntimes", "clustertrainingruntimes"];
+
 use std::future::Future;
 use std::pin::Pin;
 

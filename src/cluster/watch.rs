@@ -1,5 +1,6 @@
 //! The cluster context fed by watches: ResourceClaims, ResourceClaimTemplates and
-//! Namespaces, each kept in a kube `runtime` reflector's store.
+//! Namespaces, and Kubeflow Trainer's TrainingRuntimes and ClusterTrainingRuntimes, each
+//! kept in a kube `runtime` reflector's store.
 //!
 //! - Reviews read the stores and never wait on them. A store that has not synced yet, or an
 //!   object it does not hold, answers "unknown", and the review's handler calls
@@ -11,9 +12,17 @@
 //!   after a 410), and the store is only replaced once a relist is complete. Each failure is
 //!   logged and counted; [`ResourceStatus`] says how far behind the cluster each store may be.
 //! - Stored objects are trimmed to what reviews read: no managedFields, no claim status.
+//! - The runtimes are a CRD's, which a cluster without Kubeflow Trainer does not serve: a
+//!   list answered 404 marks the resource "not served" (logged once, no metric series, no
+//!   probe), and the watcher keeps retrying with its backoff so that a Trainer installed
+//!   later is picked up. Readiness does not wait for the runtimes: before their caches
+//!   sync, a TrainJob's runtime is fetched like any object the caches do not hold, and one
+//!   tollgate cannot know is a warning, never a refusal.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Debug;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -21,11 +30,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::ListParams;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
@@ -47,14 +59,17 @@ pub struct Options {
     pub fetch_timeout: Duration,
 }
 
-/// The three caches and what serves them.
+/// The caches and what serves them.
 pub struct Watched {
     client: Client,
     claims: Store<ResourceClaim>,
     templates: Store<ResourceClaimTemplate>,
     namespaces: Store<Namespace>,
-    /// One per store, in the order of [`Kind`]'s use below.
-    health: [Arc<Health>; 3],
+    training_runtimes: Store<Runtime<Namespaced>>,
+    cluster_training_runtimes: Store<Runtime<ClusterScoped>>,
+    /// One per store, in the order of [`Kind`]'s use below; the first [`REQUIRED`] are the
+    /// caches readiness waits for.
+    health: [Arc<Health>; 5],
     recent: Mutex<Recent>,
     options: Options,
     tasks: Vec<JoinHandle<()>>,
@@ -68,10 +83,17 @@ impl Drop for Watched {
     }
 }
 
+/// The caches readiness waits for: those of core resources every cluster serves.
+const REQUIRED: usize = 3;
+
 /// What one watch has been through, for readiness, metrics and logs.
 #[derive(Debug, Default)]
 struct Health {
     resource: &'static str,
+    /// A CRD's resource, which a cluster may not serve.
+    optional: bool,
+    /// Its last list answered 404: the cluster does not serve it (only an optional one).
+    not_served: AtomicBool,
     synced: AtomicBool,
     /// Unix seconds of the last complete list, 0 before the first.
     last_sync: AtomicI64,
@@ -94,6 +116,88 @@ enum Fetched {
     Claim(Arc<ResourceClaim>),
     Template(Arc<ResourceClaimTemplate>),
     Namespace(Arc<Namespace>),
+    Runtime(Arc<Value>),
+}
+
+/// A Kubeflow Trainer runtime as the caches keep it: its metadata for the store, and its
+/// JSON (without managedFields) for the engine, which reads only its JobSet template.
+#[derive(Clone, Debug)]
+pub struct Runtime<S> {
+    metadata: ObjectMeta,
+    json: Arc<Value>,
+    scope: PhantomData<S>,
+}
+
+/// Which of the two runtime resources.
+pub trait RuntimeScope: Clone + Debug + Send + Sync + 'static {
+    const KIND: &'static str;
+    const PLURAL: &'static str;
+    type Scope;
+}
+
+/// `TrainingRuntime`, namespaced.
+#[derive(Clone, Debug)]
+pub struct Namespaced;
+
+/// `ClusterTrainingRuntime`.
+#[derive(Clone, Debug)]
+pub struct ClusterScoped;
+
+impl RuntimeScope for Namespaced {
+    const KIND: &'static str = "TrainingRuntime";
+    const PLURAL: &'static str = "trainingruntimes";
+    type Scope = kube::core::NamespaceResourceScope;
+}
+
+impl RuntimeScope for ClusterScoped {
+    const KIND: &'static str = "ClusterTrainingRuntime";
+    const PLURAL: &'static str = "clustertrainingruntimes";
+    type Scope = kube::core::ClusterResourceScope;
+}
+
+impl<S: RuntimeScope> Resource for Runtime<S> {
+    type DynamicType = ();
+    type Scope = S::Scope;
+    fn kind(_: &()) -> Cow<'_, str> {
+        S::KIND.into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        tollgate_core::trainjob::GROUP.into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1alpha1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        S::PLURAL.into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl<'de, S: RuntimeScope> Deserialize<'de> for Runtime<S> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut json = Value::deserialize(d)?;
+        if let Some(o) = json.as_object_mut() {
+            // List items may come without their kind; the engine tells the two by it.
+            o.insert("kind".into(), S::KIND.into());
+            if let Some(Value::Object(m)) = o.get_mut("metadata") {
+                m.remove("managedFields");
+            }
+        }
+        let metadata = match json.get("metadata") {
+            Some(m) => ObjectMeta::deserialize(m).map_err(serde::de::Error::custom)?,
+            None => ObjectMeta::default(),
+        };
+        Ok(Runtime {
+            metadata,
+            json: Arc::new(json),
+            scope: PhantomData,
+        })
+    }
 }
 
 const FETCH_FOUND: usize = 0;
@@ -101,13 +205,15 @@ const FETCH_ABSENT: usize = 1;
 const FETCH_FAILED: usize = 2;
 
 impl Watched {
-    /// Starts the three watches (they run until the context is dropped). Must be called
-    /// inside a Tokio runtime.
+    /// Starts the watches (they run until the context is dropped). Must be called inside
+    /// a Tokio runtime.
     pub fn start(client: Client, options: Options) -> Watched {
         let health = [
             Arc::new(Health::named("resourceclaims")),
             Arc::new(Health::named("resourceclaimtemplates")),
             Arc::new(Health::named("namespaces")),
+            Arc::new(Health::optional(super::OPTIONAL_RESOURCES[0])),
+            Arc::new(Health::optional(super::OPTIONAL_RESOURCES[1])),
         ];
         let (claims, t1) = watch(
             Api::<ResourceClaim>::all(client.clone()),
@@ -124,15 +230,52 @@ impl Watched {
             health[2].clone(),
             |n: &mut Namespace| n.status = None,
         );
+        let (training_runtimes, t4) = watch(
+            Api::<Runtime<Namespaced>>::all(client.clone()),
+            health[3].clone(),
+            |_: &mut Runtime<Namespaced>| {},
+        );
+        let (cluster_training_runtimes, t5) = watch(
+            Api::<Runtime<ClusterScoped>>::all(client.clone()),
+            health[4].clone(),
+            |_: &mut Runtime<ClusterScoped>| {},
+        );
         Watched {
             client,
             claims,
             templates,
             namespaces,
+            training_runtimes,
+            cluster_training_runtimes,
             health,
             recent: Mutex::new(Recent::default()),
             options,
-            tasks: vec![t1, t2, t3],
+            tasks: vec![t1, t2, t3, t4, t5],
+        }
+    }
+
+    /// A runtime from its store, else what a recent GET learnt, else unknown.
+    fn lookup_runtime<S: RuntimeScope>(
+        &self,
+        store: &Store<Runtime<S>>,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Lookup<Arc<Value>> {
+        match self.lookup(store, kind, namespace, name, |_| None) {
+            Lookup::Found(r) => Lookup::Found(r.json.clone()),
+            Lookup::Absent => Lookup::Absent,
+            Lookup::Unknown => {
+                let key = ObjectKey {
+                    kind,
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                };
+                match self.recent_found(&key) {
+                    Some(Fetched::Runtime(r)) => Lookup::Found(r),
+                    _ => Lookup::Unknown,
+                }
+            }
         }
     }
 
@@ -200,6 +343,16 @@ impl Watched {
                 .get_opt(name)
                 .await
                 .map(|o| o.map(|o| Fetched::Namespace(Arc::new(o)))),
+            Kind::TrainingRuntime => {
+                Api::<Runtime<Namespaced>>::namespaced(self.client.clone(), ns)
+                    .get_opt(name)
+                    .await
+                    .map(|o| o.map(|o| Fetched::Runtime(o.json)))
+            }
+            Kind::ClusterTrainingRuntime => Api::<Runtime<ClusterScoped>>::all(self.client.clone())
+                .get_opt(name)
+                .await
+                .map(|o| o.map(|o| Fetched::Runtime(o.json))),
         }
     }
 
@@ -208,6 +361,8 @@ impl Watched {
             Kind::ResourceClaim => &self.health[0],
             Kind::ResourceClaimTemplate => &self.health[1],
             Kind::Namespace => &self.health[2],
+            Kind::TrainingRuntime => &self.health[3],
+            Kind::ClusterTrainingRuntime => &self.health[4],
         }
     }
 }
@@ -238,6 +393,24 @@ impl Health {
             fetched_found: self.fetched[FETCH_FOUND].load(Ordering::Relaxed),
             fetched_absent: self.fetched[FETCH_ABSENT].load(Ordering::Relaxed),
             fetched_failed: self.fetched[FETCH_FAILED].load(Ordering::Relaxed),
+        }
+    }
+
+    fn optional(resource: &'static str) -> Health {
+        Health {
+            optional: true,
+            ..Health::named(resource)
+        }
+    }
+
+    /// A list answered 404 for a resource the cluster may not serve: said once, and not
+    /// a failure to alert on.
+    fn not_served(&self) {
+        if !self.not_served.swap(true, Ordering::Relaxed) {
+            info!(
+                resource = self.resource,
+                "the cluster does not serve this resource (Kubeflow Trainer is not installed); TrainJobs naming a runtime are allowed with a warning until it does"
+            );
         }
     }
 
@@ -275,6 +448,7 @@ where
         while let Some(event) = stream.next().await {
             match event {
                 Ok(watcher::Event::InitDone) => {
+                    health.not_served.store(false, Ordering::Relaxed);
                     let first = !health.synced.swap(true, Ordering::Relaxed);
                     health.last_sync.store(unix_now(), Ordering::Relaxed);
                     health.objects.store(reader.len() as u64, Ordering::Relaxed);
@@ -292,6 +466,7 @@ where
                     health.objects.store(reader.len() as u64, Ordering::Relaxed);
                     health.current();
                 }
+                Err(e) if health.optional && is_not_found(&e) => health.not_served(),
                 Err(e) => {
                     health.restarts.fetch_add(1, Ordering::Relaxed);
                     let was = health.failing_since.compare_exchange(
@@ -317,6 +492,17 @@ where
         }
     });
     (store, task)
+}
+
+/// Whether a watch failed because the resource is not served.
+fn is_not_found(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 404,
+        watcher::Error::WatchError(s) => s.code == 404,
+        _ => false,
+    }
 }
 
 /// While the watch is failing, lists one object now and then: once the apiserver answers
@@ -378,6 +564,24 @@ impl Cluster for Watched {
             _ => None,
         })
     }
+
+    fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<Value>> {
+        self.lookup_runtime(
+            &self.training_runtimes,
+            Kind::TrainingRuntime,
+            namespace,
+            name,
+        )
+    }
+
+    fn cluster_training_runtime(&self, name: &str) -> Lookup<Arc<Value>> {
+        self.lookup_runtime(
+            &self.cluster_training_runtimes,
+            Kind::ClusterTrainingRuntime,
+            "",
+            name,
+        )
+    }
 }
 
 impl ClusterContext for Watched {
@@ -416,6 +620,9 @@ impl ClusterContext for Watched {
                             Fetched::Claim(c) => out.add_claim((**c).clone()),
                             Fetched::Template(t) => out.add_template((**t).clone()),
                             Fetched::Namespace(n) => out.add_namespace((**n).clone()),
+                            Fetched::Runtime(r) => {
+                                out.add_training_runtime((**r).clone());
+                            }
                         }
                         recent.found.insert(key.clone(), (now, f));
                     }
@@ -436,10 +643,17 @@ impl ClusterContext for Watched {
     }
 
     fn synced(&self) -> bool {
-        self.health.iter().all(|h| h.synced.load(Ordering::Relaxed))
+        self.health[..REQUIRED]
+            .iter()
+            .all(|h| h.synced.load(Ordering::Relaxed))
     }
 
+    /// A resource the cluster does not serve has no series.
     fn status(&self) -> Vec<ResourceStatus> {
-        self.health.iter().map(|h| h.status()).collect()
+        self.health
+            .iter()
+            .filter(|h| !h.not_served.load(Ordering::Relaxed))
+            .map(|h| h.status())
+            .collect()
     }
 }

@@ -1,7 +1,9 @@
 //! What a review may know about other objects in the cluster: the ResourceClaims and
 //! ResourceClaimTemplates a pod's GPUs come through, the Namespaces policy profiles
-//! match on, and what the cluster offers pods (its nodes by shape, its ResourceQuotas, its
-//! DeviceClasses), which feasibility compares them with.
+//! match on, what the cluster offers pods (its nodes by shape, its ResourceQuotas, its
+//! DeviceClasses), which feasibility compares them with, and the TrainingRuntimes and
+//! ClusterTrainingRuntimes a Kubeflow TrainJob's pods are made from (as JSON: tollgate
+//! reads only their JobSet template).
 //!
 //! The engine never reads the cluster itself. It asks a [`Cluster`], which the shell backs
 //! with caches fed by watches (`tollgate serve`), with the objects of an input file
@@ -16,9 +18,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, ResourceQuota};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use serde_json::{Map, Value};
 
 use crate::capacity::Nodes;
-use serde_json::{Map, Value};
 
 /// One answer of a [`Cluster`].
 #[derive(Debug, Clone, PartialEq)]
@@ -53,6 +55,10 @@ pub enum Kind {
     ResourceClaim,
     ResourceClaimTemplate,
     Namespace,
+    /// `trainer.kubeflow.org/v1alpha1`, namespaced.
+    TrainingRuntime,
+    /// `trainer.kubeflow.org/v1alpha1`, cluster-scoped.
+    ClusterTrainingRuntime,
 }
 
 impl Kind {
@@ -61,6 +67,8 @@ impl Kind {
             Kind::ResourceClaim => "ResourceClaim",
             Kind::ResourceClaimTemplate => "ResourceClaimTemplate",
             Kind::Namespace => "Namespace",
+            Kind::TrainingRuntime => "TrainingRuntime",
+            Kind::ClusterTrainingRuntime => "ClusterTrainingRuntime",
         }
     }
 }
@@ -69,7 +77,7 @@ impl Kind {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectKey {
     pub kind: Kind,
-    /// Empty for a Namespace.
+    /// Empty for a Namespace and a ClusterTrainingRuntime.
     pub namespace: String,
     pub name: String,
 }
@@ -83,6 +91,19 @@ pub trait Cluster {
         name: &str,
     ) -> Lookup<Arc<ResourceClaimTemplate>>;
     fn namespace(&self, name: &str) -> Lookup<Arc<Namespace>>;
+
+    /// A Kubeflow Trainer TrainingRuntime, as its JSON. Not known, unless the context
+    /// holds runtimes.
+    fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<Value>> {
+        let _ = (namespace, name);
+        Lookup::Unknown
+    }
+
+    /// A Kubeflow Trainer ClusterTrainingRuntime, as its JSON.
+    fn cluster_training_runtime(&self, name: &str) -> Lookup<Arc<Value>> {
+        let _ = name;
+        Lookup::Unknown
+    }
 
     /// True when there is no cluster context at all (`--cluster-context off`): messages
     /// then say so rather than blame the object.
@@ -136,6 +157,10 @@ pub struct Objects {
     pub claims: BTreeMap<(String, String), Arc<ResourceClaim>>,
     pub templates: BTreeMap<(String, String), Arc<ResourceClaimTemplate>>,
     pub namespaces: BTreeMap<String, Arc<Namespace>>,
+    /// TrainingRuntimes by namespace and name.
+    pub training_runtimes: BTreeMap<(String, String), Arc<Value>>,
+    /// ClusterTrainingRuntimes by name.
+    pub cluster_training_runtimes: BTreeMap<String, Arc<Value>>,
     /// Objects known not to exist (a GET answered 404).
     pub absent: BTreeSet<ObjectKey>,
     pub complete: bool,
@@ -220,10 +245,37 @@ impl Objects {
         self.device_classes = Some(Arc::new(all));
     }
 
+    /// A TrainingRuntime or ClusterTrainingRuntime (by its `kind`), as JSON; false for
+    /// anything else.
+    pub fn add_training_runtime(&mut self, runtime: Value) -> bool {
+        let meta = |k: &str| {
+            runtime
+                .pointer(&format!("/metadata/{k}"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let (namespace, name) = (meta("namespace"), meta("name"));
+        match runtime.get("kind").and_then(Value::as_str) {
+            Some("TrainingRuntime") => {
+                self.training_runtimes
+                    .insert((namespace, name), Arc::new(runtime));
+            }
+            Some("ClusterTrainingRuntime") => {
+                self.cluster_training_runtimes
+                    .insert(name, Arc::new(runtime));
+            }
+            _ => return false,
+        }
+        true
+    }
+
     pub fn is_empty(&self) -> bool {
         self.claims.is_empty()
             && self.templates.is_empty()
             && self.namespaces.is_empty()
+            && self.training_runtimes.is_empty()
+            && self.cluster_training_runtimes.is_empty()
             && self.absent.is_empty()
     }
 }
@@ -275,6 +327,21 @@ impl Cluster for Objects {
     fn device_classes(&self) -> Option<Lookup<Arc<BTreeSet<String>>>> {
         self.device_classes.clone().map(Lookup::Found)
     }
+    fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<Value>> {
+        match self
+            .training_runtimes
+            .get(&(namespace.to_owned(), name.to_owned()))
+        {
+            Some(r) => Lookup::Found(r.clone()),
+            None => self.miss(Kind::TrainingRuntime, namespace, name),
+        }
+    }
+    fn cluster_training_runtime(&self, name: &str) -> Lookup<Arc<Value>> {
+        match self.cluster_training_runtimes.get(name) {
+            Some(r) => Lookup::Found(r.clone()),
+            None => self.miss(Kind::ClusterTrainingRuntime, "", name),
+        }
+    }
 }
 
 /// A [`Cluster`] in front of another: what `first` knows (found or absent) it answers,
@@ -320,8 +387,19 @@ impl Cluster for Layered<'_> {
     fn device_classes(&self) -> Option<Lookup<Arc<BTreeSet<String>>>> {
         self.then.device_classes()
     }
+    fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<Value>> {
+        match self.first.training_runtime(namespace, name) {
+            Lookup::Unknown => self.then.training_runtime(namespace, name),
+            known => known,
+        }
+    }
+    fn cluster_training_runtime(&self, name: &str) -> Lookup<Arc<Value>> {
+        match self.first.cluster_training_runtime(name) {
+            Lookup::Unknown => self.then.cluster_training_runtime(name),
+            known => known,
+        }
+    }
 }
-
 /// The `resource.k8s.io` versions a 1.33-1.37 apiserver serves ResourceClaims and
 /// ResourceClaimTemplates in, newest first; each is read as v1.
 pub const DRA_API_VERSIONS: [&str; 3] = [

@@ -42,6 +42,7 @@ pub mod quantity;
 pub mod requester;
 pub mod review;
 pub mod template_path;
+pub mod trainjob;
 pub mod validate;
 pub mod words;
 pub mod workload;

@@ -820,6 +820,7 @@ fn review_workload(
         let mut warnings: Vec<String> = warning.clone().into_iter().collect();
         warnings.extend(m.warnings);
         out.response.audit_annotations = m.audit_annotations.into_iter().collect();
+        out.unresolved.extend(m.unresolved);
         set_workload(&mut out, m.templates, None, m.opt_out);
         let patched = m.patch.as_ref().and_then(|p| {
             let patch: json_patch::Patch = serde_json::from_slice(p).ok()?;

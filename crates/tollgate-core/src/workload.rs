@@ -18,6 +18,16 @@
 //!
 //! The mutating webhook changes nothing else in a template: the pods are mutated when
 //! they are created.
+//!
+//! A kind whose templates are not in the workload itself (`from` in its policy entry: a
+//! Kubeflow TrainJob, whose pods come from the runtime it names) is judged the same way
+//! on the object `trainjob` builds: the runtime as the controller changes it for the
+//! workload. Its approval cannot go into that runtime (many TrainJobs share it): the
+//! mutating webhook writes it into the TrainJob's own overrides of the pod templates, one
+//! `runtimePatches` entry whose manager is the approval annotation (Trainer v2.2 on), or
+//! for a TrainJob written with `podTemplateOverrides` (v2.1) an entry there, and removes it
+//! from every other entry. A workload whose runtime tollgate does not know is allowed,
+//! with a warning that says so.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,7 +43,7 @@ use crate::policy::{FeasibilityMode, Operation, Policy, TemplateSpec, WorkloadKi
 use crate::requester::Requester;
 use crate::template_path::Path;
 use crate::validate::{self, Missing, Part, Verdict};
-use crate::{diff, pod, profile};
+use crate::{diff, pod, profile, trainjob};
 
 /// A workload as a review sees it.
 #[derive(Debug, Clone, Copy)]
@@ -125,6 +135,8 @@ pub struct Mutated {
     pub audit_annotations: BTreeMap<String, String>,
     pub opt_out: Option<OptOut>,
     pub templates: Vec<TemplateVerdict>,
+    /// Objects the templates are read in that the cluster context did not know.
+    pub unresolved: Vec<ObjectKey>,
 }
 
 /// The workload's name as messages show it: `job "train"` (or `job "train-*"` for a
@@ -292,9 +304,59 @@ pub fn workload_name(object: &Value) -> &str {
         .map_or("", |s| s.trim_end_matches('-'))
 }
 
+/// Where a workload's templates are read: the workload itself, or for a kind with
+/// `from`, what was built from it (and, on UPDATE, from the old object).
+#[derive(Debug, Clone, Copy)]
+struct Source<'v> {
+    object: &'v Value,
+    old: Option<&'v Value>,
+}
+
+/// The objects built for a kind with `from`, owned for the review.
+struct Built {
+    object: Value,
+    old: Option<Value>,
+}
+
+/// What a kind with `from` reads its templates in, built from the workload; None for a
+/// kind whose templates are in the workload itself.
+fn build(
+    cluster: &dyn Cluster,
+    w: &Workload<'_>,
+    name: &str,
+) -> Option<Result<Built, trainjob::Missing>> {
+    let from = w.kind.from.as_ref()?;
+    let src = &from.training_runtime;
+    let ns = w.who.namespace;
+    Some(
+        trainjob::build(src, w.object, name, ns, cluster).map(|object| Built {
+            object,
+            // The old object's, where its runtime is known: else every template is new.
+            old: w
+                .old
+                .and_then(|o| trainjob::build(src, o, workload_name(o), ns, cluster).ok()),
+        }),
+    )
+}
+
+impl<'v> Source<'v> {
+    fn of(w: &Workload<'v>, built: Option<&'v Built>) -> Source<'v> {
+        match built {
+            Some(b) => Source {
+                object: &b.object,
+                old: b.old.as_ref(),
+            },
+            None => Source {
+                object: w.object,
+                old: w.old,
+            },
+        }
+    }
+}
+
 /// The template at the same place in the old object, on UPDATE.
-fn old_template<'v>(w: &Workload<'v>, t: &Template<'_>) -> Option<&'v Value> {
-    w.old?.pointer(&t.pointer).filter(|v| !v.is_null())
+fn old_template<'v>(src: Source<'v>, t: &Template<'_>) -> Option<&'v Value> {
+    src.old?.pointer(&t.pointer).filter(|v| !v.is_null())
 }
 
 /// Whether an UPDATE left a template as it was, but for tollgate's approval (which the
@@ -373,9 +435,10 @@ fn judging<'v, 'p>(
     policy: &'p Policy,
     cluster: &dyn Cluster,
     w: &Workload<'v>,
+    src: Source<'v>,
     name: &str,
 ) -> Vec<Judging<'v, 'p>> {
-    templates(w.kind, w.object)
+    templates(w.kind, src.object)
         .into_iter()
         .map(|t| {
             let labels = pod_labels(w.kind, &t, name);
@@ -385,7 +448,7 @@ fn judging<'v, 'p>(
                 profile::PodLabels::Parsed(Some(&labels)),
                 cluster,
             );
-            let old = old_template(w, &t);
+            let old = old_template(src, &t);
             let approval = &selected.policy.opt_out.approval_annotation;
             let changed = w.operation == Operation::Create
                 || old.is_none_or(|o| !same_template(approval, o, t.value));
@@ -417,9 +480,22 @@ fn with_template(subject: &str, t: &Template<'_>) -> String {
 
 fn no_template_warning(w: &Workload<'_>, subject: &str) -> String {
     let paths: Vec<&str> = w.kind.templates.iter().map(|t| t.path.as_str()).collect();
+    let within = if w.kind.from.is_some() {
+        " of its runtime"
+    } else {
+        ""
+    };
     format!(
-        "tollgate: {subject}: no pod template at {}; it was allowed, and its pods will be judged when they are created",
+        "tollgate: {subject}: no pod template at {}{within}; it was allowed, and its pods will be judged when they are created",
         paths.join(", ")
+    )
+}
+
+/// The warning for a workload whose templates could not be built.
+fn missing_warning(subject: &str, m: &trainjob::Missing) -> String {
+    format!(
+        "tollgate: {subject}: {}; it was allowed, and its pods will be judged when they are created",
+        m.why
     )
 }
 
@@ -434,9 +510,23 @@ pub fn mutate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Mutat
     }
     let subject = subject(w.kind, w.object);
     let name = workload_name(w.object);
+    let built = match build(cluster, w, name) {
+        None => None,
+        Some(Ok(b)) => Some(b),
+        // The validating webhook warns; the shell fetches the runtime and reviews again.
+        Some(Err(m)) => {
+            out.unresolved.extend(m.unresolved);
+            return out;
+        }
+    };
+    let src = Source::of(w, built.as_ref());
     let mut after: Option<Value> = None;
     let mut approved = vec![];
-    for j in judging(policy, cluster, w, name) {
+    // For a kind with `from`: every template's approval (by its name), written into the
+    // workload at the end if any changes.
+    let mut carried: Vec<(String, Option<String>)> = vec![];
+    let mut carry = false;
+    for j in judging(policy, cluster, w, src, name) {
         let p = j.policy;
         let key = &p.opt_out.approval_annotation;
         let here = with_template(&subject, &j.t);
@@ -485,14 +575,21 @@ pub fn mutate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Mutat
                 "tollgate: {here}: the opt-out of its pods is approved for {by:?} ({key} on the pod template); they will skip tollgate's mutation and validation"
             ));
         }
+        if built.is_some() {
+            carried.push((j.t.name.clone(), wanted.map(str::to_owned)));
+        }
         if current == wanted {
             continue;
         }
-        let doc = after.get_or_insert_with(|| w.object.clone());
-        let Some(template) = doc.pointer_mut(&j.t.pointer) else {
-            continue;
-        };
-        set_approval(template, key, wanted);
+        if built.is_some() {
+            carry = true;
+        } else {
+            let doc = after.get_or_insert_with(|| w.object.clone());
+            let Some(template) = doc.pointer_mut(&j.t.pointer) else {
+                continue;
+            };
+            set_approval(template, key, wanted);
+        }
         match (wanted, j.changed) {
             (Some(_), true) => {}
             (None, true) => out.warnings.push(format!(
@@ -502,6 +599,10 @@ pub fn mutate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Mutat
                 "tollgate: {here}: {key} on the pod template was put back as it was: the template did not change"
             )),
         }
+    }
+    if carry {
+        let doc = after.get_or_insert_with(|| w.object.clone());
+        carry_approvals(doc, &policy.opt_out.approval_annotation, &carried);
     }
     if !approved.is_empty() {
         out.audit_annotations
@@ -554,6 +655,105 @@ fn set_approval(template: &mut Value, key: &str, value: Option<&str>) {
     }
 }
 
+/// Writes the approvals of a TrainJob's templates (by replicated job) into the TrainJob:
+/// removed from every override of a pod template's annotations, then set in one entry of
+/// tollgate's own, which the controller merges into the pod templates: a `runtimePatches`
+/// entry whose manager is the approval annotation (Trainer v2.2 on), or, for a TrainJob
+/// that uses `podTemplateOverrides` and no `runtimePatches` (v2.1), an override per user.
+fn carry_approvals(doc: &mut Value, key: &str, approvals: &[(String, Option<String>)]) {
+    let Some(Value::Object(spec)) = doc.get_mut("spec") else {
+        return;
+    };
+    let strip = |template_meta: Option<&mut Value>| {
+        if let Some(Value::Object(a)) = template_meta.and_then(|m| m.get_mut("annotations")) {
+            a.remove(key);
+        }
+    };
+    let v21 = spec.contains_key("podTemplateOverrides") && !spec.contains_key("runtimePatches");
+    if let Some(Value::Array(patches)) = spec.get_mut("runtimePatches") {
+        patches.retain(|p| p.get("manager").and_then(Value::as_str) != Some(key));
+        for p in patches.iter_mut() {
+            let jobs = p
+                .pointer_mut("/trainingRuntimeSpec/template/spec/replicatedJobs")
+                .and_then(Value::as_array_mut);
+            for j in jobs.into_iter().flatten() {
+                strip(j.pointer_mut("/template/spec/template/metadata"));
+            }
+        }
+    }
+    if let Some(Value::Array(overrides)) = spec.get_mut("podTemplateOverrides") {
+        for o in overrides.iter_mut() {
+            strip(o.get_mut("metadata"));
+        }
+        // Tollgate's own: nothing left but its targets and empty metadata.
+        overrides.retain(|o| {
+            let empty = |k: &str| {
+                o.pointer(&format!("/metadata/{k}"))
+                    .and_then(Value::as_object)
+                    .is_none_or(Map::is_empty)
+            };
+            let only = o
+                .as_object()
+                .is_some_and(|m| m.keys().all(|k| k == "targetJobs" || k == "metadata"));
+            !(only && empty("annotations") && empty("labels"))
+        });
+    }
+    let given: Vec<(&str, &str)> = approvals
+        .iter()
+        .filter_map(|(n, a)| Some((n.as_str(), a.as_deref()?)))
+        .collect();
+    if given.is_empty() {
+        return;
+    }
+    let annotations = |user: &str| {
+        let mut a = Map::new();
+        a.insert(key.to_owned(), Value::String(user.to_owned()));
+        let mut m = Map::new();
+        m.insert("annotations".into(), Value::Object(a));
+        Value::Object(m)
+    };
+    if v21 {
+        let mut users: Vec<&str> = given.iter().map(|(_, u)| *u).collect();
+        users.sort_unstable();
+        users.dedup();
+        let Some(Value::Array(overrides)) = spec.get_mut("podTemplateOverrides") else {
+            return;
+        };
+        for user in users {
+            let targets: Vec<Value> = given
+                .iter()
+                .filter(|(_, u)| *u == user)
+                .map(|(n, _)| serde_json::json!({ "name": n }))
+                .collect();
+            overrides.push(serde_json::json!({
+                "targetJobs": targets,
+                "metadata": annotations(user),
+            }));
+        }
+        return;
+    }
+    let jobs: Vec<Value> = given
+        .iter()
+        .map(|(n, u)| {
+            serde_json::json!({
+                "name": n,
+                "template": {"spec": {"template": {"metadata": annotations(u)}}},
+            })
+        })
+        .collect();
+    let entry = serde_json::json!({
+        "manager": key,
+        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": jobs}}},
+    });
+    match spec
+        .entry("runtimePatches")
+        .or_insert_with(|| Value::Array(vec![]))
+    {
+        Value::Array(p) => p.push(entry),
+        other => *other = Value::Array(vec![entry]),
+    }
+}
+
 /// One judged template, kept for the message.
 struct Finding<'v> {
     t: Template<'v>,
@@ -575,7 +775,18 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
     let controller = optout::is_controller(policy, w.who.username);
     // An audit's workload, whose creator nothing records: no approval can be held to them.
     let unknown = w.who.is_unknown();
-    let all = judging(policy, cluster, w, name);
+    let built = match build(cluster, w, name) {
+        None => None,
+        Some(Ok(b)) => Some(b),
+        // What tollgate does not know never refuses: allowed, and said so.
+        Some(Err(m)) => {
+            out.warnings.push(missing_warning(&subject, &m));
+            out.unresolved.extend(m.unresolved);
+            return out;
+        }
+    };
+    let src = Source::of(w, built.as_ref());
+    let all = judging(policy, cluster, w, src, name);
     if all.is_empty() {
         out.warnings.push(no_template_warning(w, &subject));
         return out;
@@ -608,7 +819,7 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
             approved_for: approval.map(str::to_owned),
             judgement: None,
             unreadable: None,
-            pods: pod_count(&j.t, w.object),
+            pods: pod_count(&j.t, src.object),
             enforce: p.feasibility.mode == FeasibilityMode::Enforce,
         };
         if !controller && !unknown {
@@ -945,7 +1156,7 @@ pub fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::Offline;
+    use crate::cluster::{Objects, Offline};
     use serde_json::json;
 
     fn fixture(name: &str) -> Value {
@@ -1093,6 +1304,169 @@ mod tests {
         let v = validate(&policy, &Offline, &controller);
         assert!(v.allowed);
         assert_eq!(v.opt_out, Some(OptOut::Honoured));
+    }
+
+    fn torch_runtime() -> Objects {
+        let mut o = Objects::complete();
+        o.add_training_runtime(json!({
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "ClusterTrainingRuntime",
+            "metadata": {"name": "torch-distributed"},
+            "spec": {"template": {"spec": {"replicatedJobs": [{
+                "name": "node",
+                "template": {
+                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                    "spec": {"template": {"spec": {"containers": [{"name": "node", "image": "i"}]}}}
+                }
+            }]}}}
+        }));
+        o
+    }
+
+    #[test]
+    fn a_trainjobs_approval_goes_into_an_override_of_its_own() {
+        let policy = Policy::builtin();
+        let kind = policy
+            .workloads
+            .kind("trainer.kubeflow.org", "v1alpha1", "TrainJob")
+            .unwrap();
+        let cluster = torch_runtime();
+        let masters = vec!["system:masters".to_owned()];
+        let none: Vec<String> = vec![];
+        let key = "tollgate.dev/opt-out-approved-by";
+        // Trainer v2.2 on: asked in a runtime patch that also carries a forged approval.
+        let job = json!({
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": "t", "namespace": "ml"},
+            "spec": {
+                "runtimeRef": {"name": "torch-distributed"},
+                "runtimePatches": [{
+                    "manager": "example.io/team",
+                    "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{
+                        "name": "node",
+                        "template": {"spec": {"template": {"metadata": {"annotations": {
+                            "tollgate.dev/opt-out": "true", key: "mallory"
+                        }}}}}
+                    }]}}}
+                }]
+            }
+        });
+        let w = Workload {
+            kind,
+            object: &job,
+            old: None,
+            operation: Operation::Create,
+            who: who("alice", &masters),
+        };
+        let m = mutate(&policy, &cluster, &w);
+        assert_eq!(m.templates[0].decision, "approved");
+        let stamped = apply(&job, m.patch.as_deref().unwrap());
+        let patches = stamped["spec"]["runtimePatches"].as_array().unwrap();
+        assert_eq!(patches.len(), 2);
+        let annotations = |p: &Value| {
+            p.pointer("/trainingRuntimeSpec/template/spec/replicatedJobs/0/template/spec/template/metadata/annotations")
+                .cloned()
+        };
+        assert_eq!(
+            annotations(&patches[0]),
+            Some(json!({"tollgate.dev/opt-out": "true"}))
+        );
+        assert_eq!(patches[1]["manager"], key);
+        assert_eq!(annotations(&patches[1]), Some(json!({key: "alice"})));
+        let again = Workload {
+            object: &stamped,
+            ..w
+        };
+        assert!(
+            mutate(&policy, &cluster, &again).patch.is_none(),
+            "idempotent"
+        );
+        let v = validate(&policy, &cluster, &again);
+        assert!(v.allowed, "{:?}", v.message);
+        assert_eq!(v.opt_out, Some(OptOut::Honoured));
+        // Bob may not: the approval is removed, or refused.
+        let bob = Workload {
+            object: &stamped,
+            who: who("bob", &none),
+            ..w
+        };
+        let cleaned = apply(
+            &stamped,
+            mutate(&policy, &cluster, &bob).patch.as_deref().unwrap(),
+        );
+        assert_eq!(
+            cleaned["spec"]["runtimePatches"].as_array().unwrap().len(),
+            1
+        );
+        assert!(!validate(&policy, &cluster, &bob).allowed);
+
+        // Trainer v2.1: asked in podTemplateOverrides, approved in an override of its own.
+        let job = json!({
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": "t", "namespace": "ml"},
+            "spec": {
+                "runtimeRef": {"name": "torch-distributed"},
+                "podTemplateOverrides": [{
+                    "targetJobs": [{"name": "node"}],
+                    "metadata": {"annotations": {"tollgate.dev/opt-out": "true"}}
+                }]
+            }
+        });
+        let w = Workload { object: &job, ..w };
+        let stamped = apply(
+            &job,
+            mutate(&policy, &cluster, &w).patch.as_deref().unwrap(),
+        );
+        assert_eq!(
+            stamped["spec"]["podTemplateOverrides"][1],
+            json!({"targetJobs": [{"name": "node"}], "metadata": {"annotations": {key: "alice"}}})
+        );
+        assert!(stamped["spec"].get("runtimePatches").is_none());
+        let again = Workload {
+            object: &stamped,
+            ..w
+        };
+        assert!(
+            mutate(&policy, &cluster, &again).patch.is_none(),
+            "idempotent"
+        );
+        assert_eq!(
+            validate(&policy, &cluster, &again).opt_out,
+            Some(OptOut::Honoured)
+        );
+    }
+
+    #[test]
+    fn a_trainjob_whose_runtime_is_not_known_is_allowed_and_named() {
+        let policy = Policy::builtin();
+        let kind = policy
+            .workloads
+            .kind("trainer.kubeflow.org", "v1alpha1", "TrainJob")
+            .unwrap();
+        let none: Vec<String> = vec![];
+        let job = json!({"metadata": {"name": "t"}, "spec": {"runtimeRef": {"name": "torch-distributed"}}});
+        let w = Workload {
+            kind,
+            object: &job,
+            old: None,
+            operation: Operation::Create,
+            who: who("bob", &none),
+        };
+        let v = validate(&policy, &Objects::default(), &w);
+        assert!(v.allowed);
+        assert_eq!(v.unresolved.len(), 1);
+        assert!(
+            v.warnings[0]
+                .contains("does not know its runtime ClusterTrainingRuntime \"torch-distributed\""),
+            "{:?}",
+            v.warnings
+        );
+        let m = mutate(&policy, &Objects::default(), &w);
+        assert!(m.patch.is_none());
+        assert_eq!(
+            m.unresolved, v.unresolved,
+            "the shell fetches it for either webhook"
+        );
     }
 
     #[test]

@@ -217,6 +217,10 @@ pub struct WorkloadKind {
     pub kind: String,
     /// Where the pod templates are.
     pub templates: Vec<TemplateSpec>,
+    /// What the template paths are read in: absent, the workload itself; else an object
+    /// the workload names, as the workload changes it (a TrainJob's runtime).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<TemplatesFrom>,
     /// Labels the controller adds to every pod (values may use `{name}`, the workload's
     /// name, `{template}` and `{template-lower}`, the template's name as found and in
     /// lower case).
@@ -272,6 +276,35 @@ pub enum FeasibilityMode {
     Warn,
     Enforce,
     Off,
+}
+
+/// Where a workload kind's templates are read, when not in the workload itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TemplatesFrom {
+    /// A Kubeflow Trainer TrainJob: the TrainingRuntime or ClusterTrainingRuntime its
+    /// `spec.runtimeRef` names, with the TrainJob's trainer and overrides applied as the
+    /// Trainer controller applies them (see `trainjob`).
+    pub training_runtime: TrainingRuntimeSource,
+}
+
+/// How a TrainJob changes its runtime's pods, where Trainer versions differ.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TrainingRuntimeSource {
+    #[serde(default)]
+    pub resources_per_node: ResourcesPerNode,
+}
+
+/// What `spec.trainer.resourcesPerNode` does to the runtime's `node` container.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ResourcesPerNode {
+    /// Merged into the runtime's requests and limits, key by key (Trainer v2.3 on).
+    #[default]
+    Merge,
+    /// Replaces the runtime's resources (Trainer v2.0 to v2.2).
+    Replace,
 }
 
 impl WorkloadKind {

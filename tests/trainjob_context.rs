@@ -1,0 +1,263 @@
+//! A TrainJob's runtime from the server's cluster context, against the apiserver stand-in:
+//! a ClusterTrainingRuntime that arrives by the watch, one fetched because the watch had
+//! not delivered it, one that does not exist, and a cluster without Kubeflow Trainer.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use apiserver::{ApiServer, Fault, ResourceType, Verb};
+use common::net::{self, Client, TestServer};
+use serde_json::{json, Value};
+use tollgate::server::ClusterOptions;
+use tollgate_apiserver_standin as apiserver;
+
+const NS: &str = "ml-research";
+
+/// The stand-in with the default resources and Kubeflow Trainer's runtimes.
+async fn with_trainer() -> ApiServer {
+    ApiServer::builder()
+        .resources(ResourceType::defaults())
+        .resource(ResourceType::new(
+            "trainer.kubeflow.org",
+            "v1alpha1",
+            "clustertrainingruntimes",
+            "ClusterTrainingRuntime",
+            false,
+        ))
+        .resource(ResourceType::new(
+            "trainer.kubeflow.org",
+            "v1alpha1",
+            "trainingruntimes",
+            "TrainingRuntime",
+            true,
+        ))
+        .start()
+        .await
+}
+
+/// kubeflow/trainer's torch-distributed runtime under `name`, its node container with
+/// `resources`.
+fn runtime(name: &str, resources: Value) -> Value {
+    json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": name, "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {"spec": {"replicatedJobs": [{
+                "name": "node",
+                "template": {
+                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                    "spec": {"template": {"spec": {"containers": [{
+                        "name": "node",
+                        "image": "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime",
+                        "resources": resources
+                    }]}}}
+                }
+            }]}}
+        }
+    })
+}
+
+/// The CREATE review of a TrainJob on the ClusterTrainingRuntime `runtime`, asking for no
+/// resources of its own.
+fn trainjob_review(runtime: &str, uid: &str) -> Vec<u8> {
+    let job = json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "train", "namespace": NS},
+        "spec": {
+            "runtimeRef": {"name": runtime},
+            "trainer": {"numNodes": 2, "command": ["torchrun", "train.py"]}
+        }
+    });
+    let mut review = tollgate_core::pipeline::synthetic_review(&job, None, "alice", &[]);
+    review["request"]["uid"] = json!(uid);
+    serde_json::to_vec(&review).unwrap()
+}
+
+async fn server_against(api: &ApiServer) -> TestServer {
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    api.write_kubeconfig(kubeconfig.path()).unwrap();
+    let path = kubeconfig.into_temp_path().keep().unwrap();
+    let server = net::start(|o| {
+        o.cluster = Some(ClusterOptions {
+            kubeconfig: Some(path),
+            context: None,
+            fetch_timeout: Duration::from_millis(800),
+        });
+    })
+    .await;
+    // Tollgate adds no default limits: what the runtime requests decides.
+    std::fs::write(
+        server.policy_path(),
+        "mutation:\n  defaultResources:\n    enabled: false\n",
+    )
+    .unwrap();
+    server
+}
+
+async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !f().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+async fn validate(c: &mut Client, body: Vec<u8>) -> Value {
+    let (status, bytes) = c.post("/validate", body).await;
+    assert_eq!(status, 200);
+    let mut v: Value = serde_json::from_slice(&bytes).unwrap();
+    v["response"].take()
+}
+
+fn warnings(response: &Value) -> String {
+    response["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+async fn ready(c: &mut Client) -> bool {
+    c.request("GET", "/readyz", vec![]).await.unwrap().0 == 200
+}
+
+/// Until the policy without default limits is in force (the refusal of a TrainJob on the
+/// runtime `bare`, without requests).
+async fn policy_in_force(c: &mut Client) {
+    until("the policy in force", async || {
+        validate(c, trainjob_review("bare", "p")).await["allowed"] == false
+    })
+    .await;
+}
+
+/// Runtimes the server's cache holds, by its metric.
+async fn cached(server: &TestServer) -> f64 {
+    let text = net::get_metrics(server.running.metrics_addr.unwrap()).await;
+    common::scrape::value(
+        &common::scrape::parse(&text),
+        "tollgate_cluster_cache_objects",
+        &[("resource", "clustertrainingruntimes")],
+    )
+    .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_runtime_that_arrives_by_the_watch_judges_the_trainjob() {
+    let api = with_trainer().await;
+    // Listed when the server starts.
+    api.insert("clustertrainingruntimes", runtime("bare", json!({})));
+    let server = server_against(&api).await;
+    let mut c = Client::connect(server.addr(), &server.ca_pem, false).await;
+    until("the first sync", async || ready(&mut c).await).await;
+    until("the runtimes listed", async || cached(&server).await == 1.0).await;
+    policy_in_force(&mut c).await;
+
+    // Created after the server started: it reaches the cache by the watch.
+    api.insert(
+        "clustertrainingruntimes",
+        runtime(
+            "torch-sized",
+            json!({"requests": {"cpu": "8", "memory": "32Gi"}}),
+        ),
+    );
+    until("the runtime from the watch", async || {
+        cached(&server).await == 2.0
+    })
+    .await;
+    let r = validate(&mut c, trainjob_review("torch-sized", "a")).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    // The runtime without requests: refused, naming the TrainJob and its step.
+    let r = validate(&mut c, trainjob_review("bare", "b")).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    let message = r["status"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("trainjob \"train\" must request"),
+        "{message}"
+    );
+    assert!(
+        message
+            .contains("replicated job node: container \"node\" has no request for cpu and memory"),
+        "{message}"
+    );
+    // All from the cache: no GET was needed.
+    assert_eq!(api.count(Verb::Get, "clustertrainingruntimes"), 0);
+    server.running.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_runtime_the_watch_has_not_delivered_is_fetched_once() {
+    let api = with_trainer().await;
+    let server = server_against(&api).await;
+    let mut c = Client::connect(server.addr(), &server.ca_pem, true).await;
+    until("the first sync", async || ready(&mut c).await).await;
+    api.insert("clustertrainingruntimes", runtime("bare", json!({})));
+    policy_in_force(&mut c).await;
+    // Hold the runtimes' watch back, so that only a GET can know the new runtime.
+    let gets = api.count(Verb::Get, "clustertrainingruntimes");
+    api.inject(Fault::delay(Duration::from_secs(30)).on("clustertrainingruntimes", Verb::Watch));
+    api.break_watches();
+    api.insert(
+        "clustertrainingruntimes",
+        runtime("fresh", json!({"requests": {"cpu": "4"}})),
+    );
+    for uid in ["c1", "c2"] {
+        let r = validate(&mut c, trainjob_review("fresh", uid)).await;
+        assert_eq!(r["allowed"], false, "{r}");
+        let message = r["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("container \"node\" has no request for memory"),
+            "judged by the fetched runtime: {message}"
+        );
+    }
+    assert_eq!(
+        api.count(Verb::Get, "clustertrainingruntimes"),
+        gets + 1,
+        "fetched once"
+    );
+
+    // One that does not exist: fetched, found absent, allowed with a warning that says so.
+    let r = validate(&mut c, trainjob_review("nowhere", "d")).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(
+        warnings(&r).contains(
+            "its runtime ClusterTrainingRuntime \"nowhere\" was not found; it was allowed"
+        ),
+        "{r}"
+    );
+    assert_eq!(api.count(Verb::Get, "clustertrainingruntimes"), gets + 2);
+    api.clear_faults();
+    server.running.shutdown().await;
+}
+
+/// A cluster without Kubeflow Trainer: the server is ready, a TrainJob (which such a
+/// cluster could not hold anyway) is allowed with a warning, and the runtimes have no
+/// metric series.
+#[tokio::test]
+async fn without_trainer_the_server_is_ready_and_allows_with_a_warning() {
+    let api = ApiServer::start().await;
+    let server = server_against(&api).await;
+    let mut c = Client::connect(server.addr(), &server.ca_pem, false).await;
+    until("the first sync", async || ready(&mut c).await).await;
+    // Once their lists answered 404, the runtimes have no metric series.
+    until("the runtimes found not served", async || {
+        let text = net::get_metrics(server.running.metrics_addr.unwrap()).await;
+        text.contains("tollgate_cluster_cache_synced") && !text.contains("trainingruntimes")
+    })
+    .await;
+    let r = validate(&mut c, trainjob_review("torch-distributed", "e")).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(
+        warnings(&r).contains("ClusterTrainingRuntime \"torch-distributed\""),
+        "{r}"
+    );
+    server.running.shutdown().await;
+}
