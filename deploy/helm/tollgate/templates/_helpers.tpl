@@ -70,17 +70,27 @@ rules:
   - apiGroups: ["kubeflow.org"]
     apiVersions: ["v1"]
     operations: ["CREATE", "UPDATE"]
-    resources: ["pytorchjobs", "tfjobs", "mpijobs", "xgboostjobs"]
+    resources: ["pytorchjobs", "tfjobs", "mpijobs", "xgboostjobs", "jaxjobs", "paddlejobs"]
+    scope: Namespaced
+  - apiGroups: ["kubeflow.org"]
+    apiVersions: ["v2beta1"]
+    operations: ["CREATE", "UPDATE"]
+    resources: ["mpijobs"]
     scope: Namespaced
   - apiGroups: ["jobset.x-k8s.io"]
     apiVersions: ["v1alpha2"]
     operations: ["CREATE", "UPDATE"]
     resources: ["jobsets"]
     scope: Namespaced
+  - apiGroups: ["trainer.kubeflow.org"]
+    apiVersions: ["v1alpha1"]
+    operations: ["CREATE", "UPDATE"]
+    resources: ["trainjobs"]
+    scope: Namespaced
   - apiGroups: ["ray.io"]
     apiVersions: ["v1"]
     operations: ["CREATE", "UPDATE"]
-    resources: ["rayjobs", "rayclusters"]
+    resources: ["rayjobs", "rayclusters", "rayservices"]
     scope: Namespaced
   - apiGroups: ["batch.volcano.sh"]
     apiVersions: ["v1alpha1"]
