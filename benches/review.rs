@@ -259,7 +259,72 @@ fn context() -> Objects {
             }]}}
         }
     }));
+    if let Some(n) = std::env::var("TOLLGATE_BENCH_NODES")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        feasibility_context(&mut o, n);
+    }
     o
+}
+
+/// What feasibility compares pods with, for `TOLLGATE_BENCH_NODES=N`: N nodes in four
+/// pools (8-GPU A100s tainted for GPUs, 4-GPU L4s, MIG-partitioned A100s, CPU nodes), each
+/// node with its own name and hostname, and a ResourceQuota in every namespace of the
+/// fixtures, with a use of it, so that every pod is held to a quota and the nodes.
+fn feasibility_context(o: &mut Objects, n: usize) {
+    let pools = [
+        (
+            "a100",
+            json!({"cpu": "94", "memory": "1000Gi", "nvidia.com/gpu": "8", "pods": "110"}),
+            json!([{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
+        ),
+        (
+            "l4",
+            json!({"cpu": "46", "memory": "180Gi", "nvidia.com/gpu": "4", "pods": "110"}),
+            json!([{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
+        ),
+        (
+            "mig",
+            json!({"cpu": "94", "memory": "1000Gi", "nvidia.com/mig-1g.10gb": "56", "pods": "110"}),
+            json!([{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
+        ),
+        (
+            "cpu",
+            json!({"cpu": "62", "memory": "250Gi", "pods": "110"}),
+            json!([]),
+        ),
+    ];
+    let nodes: Vec<k8s_openapi::api::core::v1::Node> = (0..n)
+        .map(|i| {
+            let (pool, allocatable, taints) = &pools[i % pools.len()];
+            let name = format!("{pool}-{i}");
+            serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {
+                    "kubernetes.io/hostname": name, "pool": pool,
+                    "topology.kubernetes.io/zone": "zone-a", "kubernetes.io/os": "linux"
+                }},
+                "spec": {"taints": taints},
+                "status": {"allocatable": allocatable}
+            }))
+            .expect("a Node")
+        })
+        .collect();
+    o.set_nodes(tollgate_core::capacity::Nodes::of(&nodes));
+    for ns in ["ml", "ml-cap2-1796114155", "default"] {
+        o.add_quota(
+            serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "ResourceQuota",
+                "metadata": {"name": "team-quota", "namespace": ns},
+                "spec": {"hard": {"requests.cpu": "400", "requests.memory": "4Ti",
+                    "requests.nvidia.com/gpu": "64", "pods": "500"}},
+                "status": {"used": {"requests.cpu": "100", "requests.memory": "1Ti",
+                    "requests.nvidia.com/gpu": "16", "pods": "40"}}
+            }))
+            .expect("a ResourceQuota"),
+        );
+    }
 }
 
 /// Everything the server does for one review between reading the body and writing it.
