@@ -3,16 +3,18 @@
 //!
 //! An object read from the cluster is not the object its author sent: the apiserver, the
 //! scheduler and the kubelet have written to it since. [`as_created`] takes back what they
-//! add after creation, so that [`judge`] runs the [`pipeline`] on the pod the webhooks
-//! would have seen, and [`findings`] turns what the webhooks said into data: refused and
-//! why, what each mutation step would add, and what became of an opt-out.
+//! add after creation, so that [`judge()`] judges the pod the webhooks would have seen, by
+//! the webhooks' own judgement (`judge::pod`, or `workload::validate` for a workload's
+//! templates), and draws its findings from what that judgement found: refused and why,
+//! whether it can ever run, what each mutation step would add (the steps' own report),
+//! what became of an opt-out.
 //!
-//! Who created an existing object is not recorded anywhere an audit can read. The review
-//! is made by [`UNKNOWN_USER`], an authenticated user no policy names, and an opt-out the
-//! policy would honour only for some requesters is reported as
-//! [`OptOutState::Unverified`] and judged as not honoured (see [`opt_out_state`]). A pod
-//! a controller made, and the pods a workload's templates will make, are reviewed as the
-//! controller's requests ([`controller_user`]): tollgate's approval in them decides.
+//! Who created an existing object is not recorded anywhere an audit can read. It is judged
+//! for `Requester::unknown`, an authenticated user no policy names, and an opt-out the
+//! policy would honour only for some requesters is decided `OptOut::Unverified` (by
+//! `optout`, as every opt-out) and judged as not honoured. A pod a controller made, and the
+//! pods a workload's templates will make, are judged as the controller's requests
+//! ([`controller_user`]): tollgate's approval in them decides.
 
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};

@@ -12,9 +12,9 @@
 //! `lowerAscii`, `replace`, `substring` and `trim`) and avoid optional types, `cel.bind`
 //! and list slicing, which it lacks or which the test's interpreter lacks.
 //!
-//! The rooms: [`scope`] (which pods each policy covers: the base and each profile, with
-//! its guard), [`cel`] (the expressions, from validation's and the opt-out's own message
-//! templates), [`yaml`] (the writer of the two objects). This module puts them together.
+//! The rooms: `scope` (which pods each policy covers: the base and each profile, with
+//! its guard), `cel` (the expressions, from validation's and the opt-out's own message
+//! templates), `yaml` (the writer of the two objects). This module puts them together.
 
 mod cel;
 mod scope;

@@ -7,8 +7,8 @@
 //! that file. Unknown fields are errors: a typo in a policy must never silently turn a
 //! rule off.
 //!
-//! The rooms: [`types`] (the schema), [`load`] (the built-in text, merging, profiles),
-//! [`check`] (what serde cannot check: names, paths, quantities, classes, selectors), with
+//! The rooms: `types` (the schema), `load` (the built-in text, merging, profiles),
+//! `check` (what serde cannot check: names, paths, quantities, classes, selectors), with
 //! the Kubernetes name rules in the leaf module `names`. `Policy::from_text`, the load a
 //! caller uses, is written beside the judgement (`judge::additions`): it also refuses a
 //! policy whose own additions (the metrics sidecar, the default limits) its validation
