@@ -353,10 +353,7 @@ pub fn judge(
         .then(|| controller_user(policy))
         .flatten();
     let authenticated = [AUTHENTICATED.to_owned()];
-    let requester = match &user {
-        Some(u) => Requester::new(&namespace, u, &authenticated),
-        None => Requester::unknown(&namespace),
-    };
+    let requester = requester(&namespace, user.as_deref(), &authenticated);
     let mut pod: Pod = match serde_json::from_value(object) {
         Ok(p) => p,
         Err(e) => {
@@ -408,6 +405,18 @@ pub fn judge(
     Ok(out)
 }
 
+/// Whom an audited object is judged for: its controller's account, or nobody known.
+fn requester<'a>(
+    namespace: &'a str,
+    controller: Option<&'a str>,
+    authenticated: &'a [String],
+) -> Requester<'a> {
+    match controller {
+        Some(u) => Requester::new(namespace, u, authenticated),
+        None => Requester::unknown(namespace),
+    }
+}
+
 /// Whether an object was made by a controller (an ownerReference with `controller: true`):
 /// a Deployment's ReplicaSet, a Job's pod.
 pub fn controlled(object: &Value) -> bool {
@@ -452,10 +461,7 @@ fn judge_workload(
     let namespace = namespace_of(object).to_owned();
     let user = controller_user(policy);
     let authenticated = [AUTHENTICATED.to_owned()];
-    let requester = match &user {
-        Some(u) => Requester::new(&namespace, u, &authenticated),
-        None => Requester::unknown(&namespace),
-    };
+    let requester = requester(&namespace, user.as_deref(), &authenticated);
     let w = workload::Workload {
         kind,
         object,

@@ -822,12 +822,17 @@ fn review_workload(
         out.response.audit_annotations = m.audit_annotations.into_iter().collect();
         out.unresolved.extend(m.unresolved);
         set_workload(&mut out, m.templates, None, m.opt_out);
-        let patched = m.patch.as_ref().and_then(|p| {
-            let patch: json_patch::Patch = serde_json::from_slice(p).ok()?;
-            let mut doc = object.clone();
-            json_patch::patch(&mut doc, &patch).ok()?;
-            Some(doc)
-        });
+        // With both webhooks, the validating one judges the object as patched.
+        let patched = m
+            .patch
+            .as_ref()
+            .filter(|_| stages == Stages::Both)
+            .and_then(|p| {
+                let patch: json_patch::Patch = serde_json::from_slice(p).ok()?;
+                let mut doc = object.clone();
+                json_patch::patch(&mut doc, &patch).ok()?;
+                Some(doc)
+            });
         if let Some(patch) = m.patch {
             out.outcome = Outcome::Patched;
             out.response.patch = Some(patch);
@@ -836,7 +841,7 @@ fn review_workload(
             out.response.warnings = Some(warnings);
         }
         staged.mutate = Some(out);
-        if let Some(p) = patched.filter(|_| stages == Stages::Both) {
+        if let Some(p) = patched {
             object = p;
         }
     }
