@@ -19,8 +19,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, Pod, PodResourceClaim, PodSpec, PodStatus, ResourceRequirements,
-    Toleration,
+    Container, Pod, PodResourceClaim, PodSpec, PodStatus, ResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
@@ -50,6 +49,33 @@ pub struct Parsed<'a> {
     pub request: AdmissionRequest<Pod>,
     /// The pod's labels as sent, for [`Shape::Validation`] (the object has none then).
     pub labels: Option<&'a RawValue>,
+    /// Where the pod may run, as sent, for [`Shape::Validation`] (the spec has none of it
+    /// then).
+    pub placement: Option<Placement<'a>>,
+}
+
+/// What [`Shape::Validation`] leaves as text of where a pod may run: its tolerations, node
+/// selector and affinity. Only feasibility reads them, and only when the cluster context
+/// knows nodes or quotas; nearly every pod carries the apiserver's two default
+/// tolerations, so reading them for nothing would be most of what the wider shape costs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Placement<'a> {
+    tolerations: Option<&'a RawValue>,
+    node_selector: Option<&'a RawValue>,
+    affinity: Option<&'a RawValue>,
+}
+
+impl Placement<'_> {
+    /// Reads them into `spec`. A field that does not read stays absent: the apiserver
+    /// decoded the pod into its own types before calling, so it never sends one.
+    pub fn fill(self, spec: &mut PodSpec) {
+        fn read<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> Option<T> {
+            serde_json::from_str(raw?.get()).ok()
+        }
+        spec.tolerations = read(self.tolerations);
+        spec.node_selector = read(self.node_selector);
+        spec.affinity = read(self.affinity);
+    }
 }
 
 /// The request of an `admission.k8s.io/v1` AdmissionReview of a Pod, read in `shape`; None
@@ -203,7 +229,7 @@ pub fn is_admission_review_v1(api_version: &str, kind: &str) -> bool {
 fn read<'a, M, S, T>(body: &'a [u8]) -> Option<Parsed<'a>>
 where
     M: Deserialize<'a> + MetaShape<'a>,
-    S: Deserialize<'a> + Into<PodSpec>,
+    S: Deserialize<'a> + SpecShape<'a>,
     T: Deserialize<'a> + Into<Option<PodStatus>>,
 {
     let review: Review<Request<M, S, T>> = serde_json::from_slice(body).ok()?;
@@ -211,9 +237,9 @@ where
         return None;
     }
     let r = review.request?;
-    let (object, labels) = match r.object.map(PodOf::into_parts) {
-        Some((pod, labels)) => (Some(pod), labels),
-        None => (None, None),
+    let (object, labels, placement) = match r.object.map(PodOf::into_parts) {
+        Some((pod, labels, placement)) => (Some(pod), labels, placement),
+        None => (None, None, None),
     };
     let request = AdmissionRequest {
         types: TypeMeta {
@@ -236,13 +262,29 @@ where
         dry_run: r.dry_run,
         options: None,
     };
-    Some(Parsed { request, labels })
+    Some(Parsed {
+        request,
+        labels,
+        placement,
+    })
 }
 
 /// What a shape reads of the metadata: the ObjectMeta, and the labels if it left them as
 /// text.
 trait MetaShape<'a> {
     fn into_parts(self) -> (ObjectMeta, Option<&'a RawValue>);
+}
+
+/// What a shape reads of the spec: the PodSpec, and where the pod may run if it left that
+/// as text.
+trait SpecShape<'a> {
+    fn into_parts(self) -> (PodSpec, Option<Placement<'a>>);
+}
+
+impl SpecShape<'_> for PodSpec {
+    fn into_parts(self) -> (PodSpec, Option<Placement<'static>>) {
+        (self, None)
+    }
 }
 
 // Field for field kube's AdmissionReview and AdmissionRequest (with the same defaults),
@@ -289,6 +331,9 @@ struct WorkloadRequest {
 #[serde(rename_all = "camelCase")]
 struct Request<M, S, T> {
     uid: String,
+    // A review of anything but a core Pod stops here, a few dozen bytes in: the caller
+    // then looks at the kind once more and reads the body as a workload.
+    #[serde(deserialize_with = "core_pod")]
     kind: GroupVersionKind,
     resource: GroupVersionResource,
     #[serde(default)]
@@ -322,17 +367,21 @@ struct PodOf<M, S, T> {
     status: Option<T>,
 }
 
-impl<'a, M: MetaShape<'a>, S: Into<PodSpec>, T: Into<Option<PodStatus>>> PodOf<M, S, T> {
-    fn into_parts(self) -> (Pod, Option<&'a RawValue>) {
+impl<'a, M: MetaShape<'a>, S: SpecShape<'a>, T: Into<Option<PodStatus>>> PodOf<M, S, T> {
+    fn into_parts(self) -> (Pod, Option<&'a RawValue>, Option<Placement<'a>>) {
         let (metadata, labels) = self
             .metadata
             .map_or((ObjectMeta::default(), None), MetaShape::into_parts);
+        let (spec, placement) = match self.spec.map(SpecShape::into_parts) {
+            Some((spec, placement)) => (Some(spec), placement),
+            None => (None, None),
+        };
         let pod = Pod {
             metadata,
-            spec: self.spec.map(Into::into),
+            spec,
             status: self.status.and_then(Into::into),
         };
-        (pod, labels)
+        (pod, labels, placement)
     }
 }
 
@@ -348,6 +397,16 @@ impl<'de> Deserialize<'de> for Skipped {
 impl From<Skipped> for Option<PodStatus> {
     fn from(_: Skipped) -> Self {
         None
+    }
+}
+
+/// A request's `kind`, when it is a core Pod's.
+fn core_pod<'de, D: Deserializer<'de>>(d: D) -> Result<GroupVersionKind, D::Error> {
+    let gvk = GroupVersionKind::deserialize(d)?;
+    if gvk.group.is_empty() && gvk.kind == "Pod" {
+        Ok(gvk)
+    } else {
+        Err(serde::de::Error::custom("not a review of a pod"))
     }
 }
 
@@ -447,19 +506,22 @@ impl<'a> MetaShape<'a> for ValidationMeta<'a> {
 /// reads (where the pod may be scheduled, its claims, what decides a quota's scope).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ValidationSpec {
+struct ValidationSpec<'a> {
     #[serde(default)]
     containers: Vec<ValidationContainer>,
     init_containers: Option<Vec<ValidationContainer>>,
     resources: Option<ResourceRequirements>,
     active_deadline_seconds: Option<i64>,
-    affinity: Option<Affinity>,
+    #[serde(borrow)]
+    affinity: Option<&'a RawValue>,
     node_name: Option<String>,
-    node_selector: Option<BTreeMap<String, String>>,
+    #[serde(borrow)]
+    node_selector: Option<&'a RawValue>,
     overhead: Option<BTreeMap<String, Quantity>>,
     priority_class_name: Option<String>,
     resource_claims: Option<Vec<PodResourceClaim>>,
-    tolerations: Option<Vec<Toleration>>,
+    #[serde(borrow)]
+    tolerations: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -482,24 +544,27 @@ impl From<ValidationContainer> for Container {
     }
 }
 
-impl From<ValidationSpec> for PodSpec {
-    fn from(s: ValidationSpec) -> PodSpec {
-        PodSpec {
-            containers: s.containers.into_iter().map(Into::into).collect(),
-            init_containers: s
+impl<'a> SpecShape<'a> for ValidationSpec<'a> {
+    fn into_parts(self) -> (PodSpec, Option<Placement<'a>>) {
+        let spec = PodSpec {
+            containers: self.containers.into_iter().map(Into::into).collect(),
+            init_containers: self
                 .init_containers
                 .map(|l| l.into_iter().map(Into::into).collect()),
-            resources: s.resources,
-            active_deadline_seconds: s.active_deadline_seconds,
-            affinity: s.affinity,
-            node_name: s.node_name,
-            node_selector: s.node_selector,
-            overhead: s.overhead,
-            priority_class_name: s.priority_class_name,
-            resource_claims: s.resource_claims,
-            tolerations: s.tolerations,
+            resources: self.resources,
+            active_deadline_seconds: self.active_deadline_seconds,
+            node_name: self.node_name,
+            overhead: self.overhead,
+            priority_class_name: self.priority_class_name,
+            resource_claims: self.resource_claims,
             ..Default::default()
-        }
+        };
+        let placement = Placement {
+            tolerations: self.tolerations,
+            node_selector: self.node_selector,
+            affinity: self.affinity,
+        };
+        (spec, Some(placement))
     }
 }
 
@@ -608,8 +673,14 @@ mod tests {
                 raw.map(|r| serde_json::from_str(r.get()).unwrap());
             assert_eq!(labels, want.metadata.labels, "{name}");
             assert_eq!(got.metadata.generate_name, want.metadata.generate_name);
-            let (ws, gs) = (want.spec.unwrap(), got.spec.unwrap());
+            let (ws, mut gs) = (want.spec.unwrap(), got.spec.unwrap());
             assert_eq!(gs.resources, ws.resources, "{name}");
+            // Where the pod may run stays text until feasibility asks for it.
+            assert!(
+                gs.tolerations.is_none() && gs.node_selector.is_none() && gs.affinity.is_none()
+            );
+            let placement = read_shape(&body, Shape::Validation).unwrap().placement;
+            placement.unwrap().fill(&mut gs);
             assert_eq!(gs.tolerations, ws.tolerations, "{name}");
             assert_eq!(gs.node_selector, ws.node_selector, "{name}");
             assert_eq!(gs.affinity, ws.affinity, "{name}");

@@ -291,34 +291,44 @@ pub fn review_stages(
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ReviewError::Empty);
     }
+    let shape = match stages {
+        Stages::Validate => parse::Shape::Validation,
+        Stages::Mutate | Stages::Both => parse::Shape::Full,
+    };
+    // Pods first: nearly every review is one, and the pod shape stops at `request.kind`
+    // when it is not.
+    if let Some(parsed) = parse::read_shape(body, shape) {
+        return Ok(review_pod(
+            stages,
+            policy,
+            cluster,
+            parsed.request,
+            Unread {
+                labels: parsed.labels,
+                placement: parsed.placement,
+            },
+            body,
+        ));
+    }
     match parse::peek(body) {
-        Peeked::Pod => {
-            let shape = match stages {
-                Stages::Validate => parse::Shape::Validation,
-                Stages::Mutate | Stages::Both => parse::Shape::Full,
-            };
-            if let Some(parsed) = parse::read_shape(body, shape) {
-                return Ok(review_pod(
+        // The exact parse: slower, and what decides how a body the fast path cannot read
+        // is answered.
+        Peeked::Pod => match serde_json::from_slice::<AdmissionReview<Pod>>(body) {
+            Ok(review) => {
+                check_envelope(&review.types.api_version, &review.types.kind)?;
+                let req: AdmissionRequest<Pod> =
+                    review.try_into().map_err(|_| ReviewError::NoRequest)?;
+                Ok(review_pod(
                     stages,
                     policy,
                     cluster,
-                    parsed.request,
-                    parsed.labels,
+                    req,
+                    Unread::default(),
                     body,
-                ));
+                ))
             }
-            // The exact parse: slower, and what decides how a body the fast path cannot
-            // read is answered.
-            match serde_json::from_slice::<AdmissionReview<Pod>>(body) {
-                Ok(review) => {
-                    check_envelope(&review.types.api_version, &review.types.kind)?;
-                    let req: AdmissionRequest<Pod> =
-                        review.try_into().map_err(|_| ReviewError::NoRequest)?;
-                    Ok(review_pod(stages, policy, cluster, req, None, body))
-                }
-                Err(e) => slow_path(stages, body, Some(e)),
-            }
-        }
+            Err(e) => slow_path(stages, body, Some(e)),
+        },
         Peeked::Other => match parse::workload(body) {
             // Not a pod: a workload, judged by the pods its templates will make.
             Some((req, object, old)) => Ok(review_workload(
@@ -393,14 +403,22 @@ fn same(stages: Stages, r: Reviewed) -> Staged {
     }
 }
 
-/// A pod's review. `raw_labels`: the pod's labels where the parse left them as text (else
-/// they are the object's own).
+/// What the parse left of a pod as text.
+#[derive(Default)]
+struct Unread<'a> {
+    /// Its labels (else they are the object's own).
+    labels: Option<&'a RawValue>,
+    /// Where it may run (else that is in the object's spec).
+    placement: Option<parse::Placement<'a>>,
+}
+
+/// A pod's review.
 fn review_pod(
     stages: Stages,
     policy: &Policy,
     cluster: &dyn Cluster,
     mut req: AdmissionRequest<Pod>,
-    raw_labels: Option<&RawValue>,
+    unread: Unread<'_>,
     body: &[u8],
 ) -> Staged {
     let first = match stages {
@@ -426,7 +444,13 @@ fn review_pod(
     let ambiguous = pod.metadata == Default::default()
         || pod.spec.as_ref().is_some_and(|s| s.containers.is_empty());
     let who = requester(&req);
-    let labels = match raw_labels {
+    // Feasibility reads where the pod may run only against known nodes or quotas.
+    if let (Some(placement), Some(spec)) = (unread.placement, pod.spec.as_mut()) {
+        if cluster.nodes().is_some() || cluster.resource_quotas(who.namespace).is_some() {
+            placement.fill(spec);
+        }
+    }
+    let labels = match unread.labels {
         Some(raw) => PodLabels::Raw(Some(raw)),
         None => PodLabels::Parsed(pod.metadata.labels.as_ref()),
     };
