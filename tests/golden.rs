@@ -7,8 +7,9 @@
 //!   its `oldObject`), `pod.yaml` (a Pod) or `workload.yaml` (a Job, Deployment,
 //!   PyTorchJob, ...), the last two sent as the CREATE review the apiserver would send;
 //! - `policy.yaml` (optional; the shipped `policies/default.yaml` otherwise);
-//! - `context.yaml` (optional): ResourceClaims, ResourceClaimTemplates, Namespaces and
-//!   Kubeflow Trainer runtimes (TrainingRuntimes, ClusterTrainingRuntimes), the
+//! - `context.yaml` (optional): ResourceClaims, ResourceClaimTemplates, Namespaces,
+//!   Kubeflow Trainer runtimes (TrainingRuntimes, ClusterTrainingRuntimes), Nodes,
+//!   ResourceQuotas, DeviceClasses and Kueue's LocalQueues and ClusterQueues: the
 //!   cluster context of the review (the engine and the HTTP router get them as the
 //!   server's context; `tollgate review` gets them in the same file as the input, as a
 //!   user would write it);

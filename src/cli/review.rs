@@ -57,8 +57,9 @@ pub struct ReviewArgs {
     #[arg(short = 'R', long)]
     pub recursive: bool,
     /// A saved picture of the cluster to review against: its Nodes, ResourceQuotas and
-    /// DeviceClasses (and claims and namespaces), such as the output of `kubectl get
-    /// nodes,resourcequotas,deviceclasses -A -o yaml`. Other objects in it are left out.
+    /// DeviceClasses (and claims, namespaces and Kueue's LocalQueues and ClusterQueues),
+    /// such as the output of `kubectl get nodes,resourcequotas,deviceclasses -A -o yaml`.
+    /// Other objects in it are left out.
     #[arg(long, value_name = "FILE")]
     pub cluster_state: Option<PathBuf>,
     /// Policy file (YAML) [default: the built-in policy, a copy of policies/default.yaml].
@@ -318,7 +319,8 @@ fn namespace_object(name: &str, labels: &BTreeMap<String, String>) -> Namespace 
 
 /// Adds `doc` to `context` if it is a context object (a ResourceClaim or
 /// ResourceClaimTemplate of any served `resource.k8s.io` version, read as v1, a Namespace,
-/// a Node, a ResourceQuota or a DeviceClass); false if it is another kind. A claim,
+/// a Node, a ResourceQuota, a DeviceClass, a Trainer runtime or a Kueue LocalQueue or
+/// ClusterQueue); false if it is another kind. A claim,
 /// template or quota written without a namespace lands in `namespace`, as kubectl puts it;
 /// a Namespace gets the name label the apiserver sets on every namespace. With one Node,
 /// quota or DeviceClass, the context knows them all: those it holds, none elsewhere.
@@ -370,6 +372,13 @@ pub fn add_context(context: &mut Objects, doc: &Value, namespace: &str) -> Resul
                 .entry(NAME_LABEL.into())
                 .or_insert(name);
             context.add_namespace(ns)
+        }
+        // The queues a workload labelled for Kueue is admitted through, read as JSON.
+        ("LocalQueue", _) if cluster::KUEUE_API_VERSIONS.contains(&api) => {
+            return Ok(context.add_kueue_queue(in_namespace(doc)));
+        }
+        ("ClusterQueue", _) if cluster::KUEUE_API_VERSIONS.contains(&api) => {
+            return Ok(context.add_kueue_queue(doc.clone()));
         }
         // What a TrainJob's pods are made from, read as JSON.
         ("TrainingRuntime" | "ClusterTrainingRuntime", "trainer.kubeflow.org/v1alpha1") => {

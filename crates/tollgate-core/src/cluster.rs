@@ -128,6 +128,17 @@ pub trait Cluster {
     fn device_classes(&self) -> Option<Lookup<Arc<BTreeSet<String>>>> {
         None
     }
+
+    /// A Kueue LocalQueue (`kueue.x-k8s.io`, as JSON). None and `Some(Unknown)` as for
+    /// [`Cluster::nodes`].
+    fn kueue_local_queue(&self, _namespace: &str, _name: &str) -> Option<Lookup<Arc<Value>>> {
+        None
+    }
+
+    /// A Kueue ClusterQueue (as JSON). None and `Some(Unknown)` as for [`Cluster::nodes`].
+    fn kueue_cluster_queue(&self, _name: &str) -> Option<Lookup<Arc<Value>>> {
+        None
+    }
 }
 
 /// No cluster context at all: every object is unknown.
@@ -172,6 +183,9 @@ pub struct Objects {
     pub device_classes: Option<Arc<BTreeSet<String>>>,
     /// The Node objects `nodes` was built from (a file's).
     pub node_objects: Vec<Node>,
+    /// Kueue's LocalQueues by namespace and name, and ClusterQueues by name, when the set
+    /// holds any (then it knows them all).
+    pub kueue: Option<Kueue>,
 }
 
 impl Objects {
@@ -236,6 +250,31 @@ impl Objects {
     pub fn add_node(&mut self, node: Node) {
         self.node_objects.push(node);
         self.nodes = Some(Arc::new(Nodes::of(&self.node_objects)));
+    }
+
+    /// Adds a Kueue LocalQueue or ClusterQueue (by its `kind`), as JSON: from now on the set
+    /// knows them all. False for anything else.
+    pub fn add_kueue_queue(&mut self, queue: Value) -> bool {
+        let meta = |k: &str| {
+            queue
+                .pointer(&format!("/metadata/{k}"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let (namespace, name) = (meta("namespace"), meta("name"));
+        let kind = queue.get("kind").and_then(Value::as_str).unwrap_or("");
+        let k = self.kueue.get_or_insert_with(Kueue::default);
+        match kind {
+            "LocalQueue" => {
+                k.local_queues.insert((namespace, name), Arc::new(queue));
+            }
+            "ClusterQueue" => {
+                k.cluster_queues.insert(name, Arc::new(queue));
+            }
+            _ => return false,
+        }
+        true
     }
 
     /// Adds a DeviceClass's name: from now on the set knows them all.
@@ -327,6 +366,22 @@ impl Cluster for Objects {
     fn device_classes(&self) -> Option<Lookup<Arc<BTreeSet<String>>>> {
         self.device_classes.clone().map(Lookup::Found)
     }
+    fn kueue_local_queue(&self, namespace: &str, name: &str) -> Option<Lookup<Arc<Value>>> {
+        let k = self.kueue.as_ref()?;
+        Some(
+            k.local_queues
+                .get(&(namespace.to_owned(), name.to_owned()))
+                .map_or(Lookup::Absent, |q| Lookup::Found(q.clone())),
+        )
+    }
+    fn kueue_cluster_queue(&self, name: &str) -> Option<Lookup<Arc<Value>>> {
+        let k = self.kueue.as_ref()?;
+        Some(
+            k.cluster_queues
+                .get(name)
+                .map_or(Lookup::Absent, |q| Lookup::Found(q.clone())),
+        )
+    }
     fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<Value>> {
         match self
             .training_runtimes
@@ -342,6 +397,13 @@ impl Cluster for Objects {
             None => self.miss(Kind::ClusterTrainingRuntime, "", name),
         }
     }
+}
+
+/// Kueue's queues, as a file holds them.
+#[derive(Debug, Clone, Default)]
+pub struct Kueue {
+    pub local_queues: BTreeMap<(String, String), Arc<Value>>,
+    pub cluster_queues: BTreeMap<String, Arc<Value>>,
 }
 
 /// A [`Cluster`] in front of another: what `first` knows (found or absent) it answers,
@@ -387,6 +449,12 @@ impl Cluster for Layered<'_> {
     fn device_classes(&self) -> Option<Lookup<Arc<BTreeSet<String>>>> {
         self.then.device_classes()
     }
+    fn kueue_local_queue(&self, namespace: &str, name: &str) -> Option<Lookup<Arc<Value>>> {
+        self.then.kueue_local_queue(namespace, name)
+    }
+    fn kueue_cluster_queue(&self, name: &str) -> Option<Lookup<Arc<Value>>> {
+        self.then.kueue_cluster_queue(name)
+    }
     fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<Value>> {
         match self.first.training_runtime(namespace, name) {
             Lookup::Unknown => self.then.training_runtime(namespace, name),
@@ -400,6 +468,15 @@ impl Cluster for Layered<'_> {
         }
     }
 }
+/// The `kueue.x-k8s.io` versions whose LocalQueues and ClusterQueues feasibility reads:
+/// the fields it reads (`spec.clusterQueue`, `spec.resourceGroups`) are the same in each,
+/// and the cohort is `spec.cohort` or `spec.cohortName` (v1beta2).
+pub const KUEUE_API_VERSIONS: [&str; 3] = [
+    "kueue.x-k8s.io/v1",
+    "kueue.x-k8s.io/v1beta2",
+    "kueue.x-k8s.io/v1beta1",
+];
+
 /// The `resource.k8s.io` versions a 1.33-1.37 apiserver serves ResourceClaims and
 /// ResourceClaimTemplates in, newest first; each is read as v1.
 pub const DRA_API_VERSIONS: [&str; 3] = [

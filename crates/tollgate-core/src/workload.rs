@@ -951,7 +951,7 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
     if !forged.is_empty() {
         verdicts.push(Verdict::ForgedApproval);
     }
-    let never = feasibility(w, &subject, &mut out);
+    let never = feasibility(w, cluster, &subject, &mut out);
     if !never.is_empty() {
         verdicts.push(Verdict::Infeasible);
     }
@@ -1014,12 +1014,28 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
 /// kind whose pods must run together; otherwise they run in turns, which is only said).
 /// Every finding goes to `out.feasibility`, and its warnings to `out.warnings`; what
 /// refuses the workload (a finding of `never` under `enforce`) is returned, a line each.
-fn feasibility(w: &Workload<'_>, subject: &str, out: &mut Validated) -> Vec<String> {
+fn feasibility(
+    w: &Workload<'_>,
+    cluster: &dyn Cluster,
+    subject: &str,
+    out: &mut Validated,
+) -> Vec<String> {
     let mut found: Vec<(feasible::Finding, bool)> = vec![];
     let mut unknown: Vec<String> = vec![];
     // The quotas its pods are held to together: what they ask in all, how many they are,
     // and whether any of their policies enforces.
     let mut together: Vec<(Arc<ResourceQuota>, Usage, i128, bool)> = vec![];
+    // A workload submitted to Kueue is admitted whole, within its ClusterQueue's quota:
+    // that, rather than the namespace's ResourceQuotas, is what its pods in all are held to.
+    // Only where the context tracks Kueue's queues: without them (Kueue not installed, or
+    // not watched) the namespace's quotas are what tollgate can judge.
+    let queue = labels_of(w.object)
+        .remove(feasible::KUEUE_QUEUE_LABEL)
+        .filter(|q| !q.is_empty())
+        .filter(|q| cluster.kueue_local_queue(w.who.namespace, q).is_some());
+    let mut kueue_total = Usage::default();
+    let mut kueue_pods: i128 = 0;
+    let mut kueue_enforce = false;
     for t in &out.judged {
         let Some(f) = t.judgement.as_ref().and_then(|j| j.feasibility.as_ref()) else {
             continue;
@@ -1043,10 +1059,16 @@ fn feasibility(w: &Workload<'_>, subject: &str, out: &mut Validated) -> Vec<Stri
                 unknown.push(u.clone());
             }
         }
+        let all = f.usage.times(t.pods);
+        if queue.is_some() {
+            kueue_total.add(&all);
+            kueue_pods += t.pods;
+            kueue_enforce |= t.enforce;
+            continue;
+        }
         if t.pods <= 1 && !w.kind.together {
             continue;
         }
-        let all = f.usage.times(t.pods);
         for q in &f.quotas {
             if w.kind.together {
                 match together.iter_mut().find(|(x, ..)| x.metadata == q.metadata) {
@@ -1089,6 +1111,12 @@ fn feasibility(w: &Workload<'_>, subject: &str, out: &mut Validated) -> Vec<Stri
                     false,
                 ));
             }
+        }
+    }
+    if let Some(queue) = &queue {
+        match feasible::kueue(queue, w.who.namespace, cluster, &kueue_total, kueue_pods) {
+            Ok(findings) => found.extend(findings.into_iter().map(|f| (f, kueue_enforce))),
+            Err(what) => unknown.push(what),
         }
     }
     for (q, usage, pods, enforce) in &together {

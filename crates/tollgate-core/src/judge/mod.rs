@@ -152,7 +152,7 @@ pub fn pod(
             let opt_out = j.opt_out.take().unwrap_or_else(|| decide(pod));
             let mut d = validate::judge(policy, pod, &s.who, opt_out.clone());
             if policy.feasibility.mode != FeasibilityMode::Off && opt_out != OptOut::Honoured {
-                let f = feasible::pod(pod, s.who.namespace, cluster);
+                let f = feasible::pod(pod, s.who.namespace, cluster, s.template);
                 if !s.template {
                     decide_feasibility(policy, pod, &f, &mut d);
                 }
