@@ -531,15 +531,25 @@ fn check_nodes(pod: &Pod, nodes: &Nodes, out: &mut Feasibility) {
     let mut allowed: Vec<(&Shape, usize)> = vec![];
     let mut by_selector = 0usize;
     let mut untolerated: BTreeMap<&Taint, usize> = BTreeMap::new();
+    // Only a pod that names nodes (`nodeName`, the hostname label, `metadata.name`) tells
+    // the hosts of one shape apart; for any other, one look per shape answers for all its
+    // hosts, so the cost does not grow with the node count.
+    let per_host = names_nodes(pod);
     for shape in &nodes.shapes {
-        let hosts = shape
-            .hosts
-            .iter()
-            .filter(|h| {
-                spec.node_name.as_deref().is_none_or(|n| n == h.name)
-                    && selected(pod, &shape.key.labels, &h.name, h.hostname.as_deref())
-            })
-            .count();
+        let hosts = if per_host {
+            shape
+                .hosts
+                .iter()
+                .filter(|h| {
+                    spec.node_name.as_deref().is_none_or(|n| n == h.name)
+                        && selected(pod, &shape.key.labels, &h.name, h.hostname.as_deref())
+                })
+                .count()
+        } else if selected(pod, &shape.key.labels, "", None) {
+            shape.hosts.len()
+        } else {
+            0
+        };
         if hosts == 0 {
             by_selector += shape.hosts.len();
             continue;
@@ -742,6 +752,28 @@ fn required_terms(pod: &Pod) -> Option<&Vec<k8s_openapi::api::core::v1::NodeSele
         .required_during_scheduling_ignored_during_execution
         .as_ref()
         .map(|s| &s.node_selector_terms)
+}
+
+/// Whether the pod's `nodeName`, `nodeSelector` or required node affinity read what differs
+/// from node to node of one shape: its name or its hostname label.
+fn names_nodes(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    spec.node_name.is_some()
+        || spec
+            .node_selector
+            .as_ref()
+            .is_some_and(|s| s.contains_key(HOSTNAME_LABEL))
+        || required_terms(pod).is_some_and(|terms| {
+            terms.iter().any(|t| {
+                t.match_fields.as_ref().is_some_and(|f| !f.is_empty())
+                    || t.match_expressions
+                        .iter()
+                        .flatten()
+                        .any(|r| r.key == HOSTNAME_LABEL)
+            })
+        })
 }
 
 /// Whether a node of these labels (its hostname aside) and name passes the pod's
@@ -1072,6 +1104,75 @@ mod tests {
             r["borrowingLimit"] = json!(b);
         }
         json!([{"coveredResources": [resource], "flavors": [{"name": "f", "resources": [r]}]}])
+    }
+
+    /// A pod that names a node (by `nodeName`, the hostname label or `metadata.name`) is
+    /// judged host by host; any other once per shape, with the same answer.
+    #[test]
+    fn nodes_named_by_a_pod_are_told_apart_within_their_shape() {
+        let nodes: Vec<k8s_openapi::api::core::v1::Node> = (0..3)
+            .map(|i| {
+                serde_json::from_value(json!({"metadata": {"name": format!("gpu-{i}"),
+                    "labels": {"kubernetes.io/hostname": format!("host-{i}"), "pool": "a100"}},
+                    "status": {"allocatable": {"cpu": "8", "nvidia.com/gpu": "8", "pods": "110"}}}))
+                .unwrap()
+            })
+            .collect();
+        let nodes = Nodes::of(&nodes);
+        assert_eq!(nodes.shapes.len(), 1);
+        let judged = |spec: serde_json::Value| {
+            let pod: Pod = serde_json::from_value(json!({"spec": spec})).unwrap();
+            let mut out = Feasibility {
+                usage: Usage::of(&pod),
+                ..Feasibility::default()
+            };
+            check_nodes(&pod, &nodes, &mut out);
+            (names_nodes(&pod), out.findings.len())
+        };
+        let c = json!([{"name": "c", "resources": {"requests": {"cpu": "1"}}}]);
+        let term = |e: serde_json::Value| {
+            json!({"containers": c, "affinity": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [e]}}}})
+        };
+        // Nothing names a node: the shape answers.
+        assert_eq!(
+            judged(json!({"containers": c, "nodeSelector": {"pool": "a100"}})),
+            (false, 0)
+        );
+        assert_eq!(
+            judged(json!({"containers": c, "nodeSelector": {"pool": "l4"}})),
+            (false, 1)
+        );
+        // Named, by each of the four ways; a name no node has rules them all out.
+        for (named, other) in [
+            (
+                json!({"containers": c, "nodeName": "gpu-1"}),
+                json!({"containers": c, "nodeName": "gpu-9"}),
+            ),
+            (
+                json!({"containers": c, "nodeSelector": {"kubernetes.io/hostname": "host-2"}}),
+                json!({"containers": c, "nodeSelector": {"kubernetes.io/hostname": "gpu-2"}}),
+            ),
+            (
+                term(
+                    json!({"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["host-0"]}]}),
+                ),
+                term(
+                    json!({"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["host-7"]}]}),
+                ),
+            ),
+            (
+                term(
+                    json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-0"]}]}),
+                ),
+                term(
+                    json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["host-0"]}]}),
+                ),
+            ),
+        ] {
+            assert_eq!(judged(named), (true, 0));
+            assert_eq!(judged(other), (true, 1));
+        }
     }
 
     #[test]
