@@ -546,9 +546,9 @@ impl Metrics {
 
     /// Brings the cluster context's series up to date with its caches.
     pub fn observe_cluster(&self, status: &[ResourceStatus]) {
-        // A resource the cluster does not serve (no Kubeflow Trainer) has no series, and
-        // keeps none from before its first list answered 404.
-        for gone in crate::cluster::OPTIONAL_RESOURCES
+        // A resource the cluster does not serve (no DRA, no Kubeflow Trainer) has no
+        // series, and keeps none from before its first list answered 404.
+        for gone in crate::cluster::RESOURCES
             .into_iter()
             .filter(|g| !status.iter().any(|r| r.resource == *g))
         {

@@ -141,6 +141,12 @@ struct GoldenPod {
 }
 
 fn golden_pods() -> Vec<GoldenPod> {
+    read_golden_pods(false)
+}
+
+/// The golden pods of the cases named `feasibility-*` alone (`feasibility`), or of all the
+/// others.
+fn read_golden_pods(feasibility: bool) -> Vec<GoldenPod> {
     let root = common::root().join("tests/golden");
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
         .unwrap()
@@ -158,7 +164,7 @@ fn golden_pods() -> Vec<GoldenPod> {
         // Feasibility cases: what the cluster offers (nodes, quotas, DeviceClasses) is
         // held to the audit in audit_reports_what_can_never_run, against a cluster that
         // has them.
-        if case_name.starts_with("feasibility-") {
+        if case_name.starts_with("feasibility-") != feasibility {
             continue;
         }
         let spec: Value =
@@ -220,6 +226,21 @@ fn golden_pods() -> Vec<GoldenPod> {
         });
     }
     out
+}
+
+/// Every `deviceClassName` a claim or claim template names, in any version's shape.
+fn device_class_names(v: &Value) -> Vec<String> {
+    match v {
+        Value::Object(m) => m
+            .iter()
+            .flat_map(|(k, x)| match (k.as_str(), x) {
+                ("deviceClassName", Value::String(s)) => vec![s.clone()],
+                _ => device_class_names(x),
+            })
+            .collect(),
+        Value::Array(a) => a.iter().flat_map(device_class_names).collect(),
+        _ => vec![],
+    }
 }
 
 fn opts_out(pod: &Value) -> bool {
@@ -323,6 +344,14 @@ async fn golden_pods_are_judged_as_the_goldens_and_tollgate_review_judge_them() 
                 };
                 cluster.api.insert(resource, d.clone());
                 review_input.push(d.clone());
+                // A cluster with DRA has the DeviceClasses its claims name (feasibility is
+                // held to the goldens in audit_reports_what_can_never_run).
+                for class in device_class_names(d) {
+                    let class = json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                        "metadata": {"name": class}});
+                    cluster.api.insert("deviceclasses", class.clone());
+                    review_input.push(class);
+                }
             }
             cluster.api.insert("pods", stored(c.pod.clone()));
             review_input.push(c.pod.clone());
@@ -1165,4 +1194,169 @@ async fn trainjobs_are_judged_by_the_runtimes_they_name() {
         "{}",
         stderr(&out)
     );
+}
+
+/// A pod the scheduler cannot place, as the apiserver keeps it: no node, Pending, the
+/// scheduler's condition.
+fn pending(mut pod: Value) -> Value {
+    pod["apiVersion"] = json!("v1");
+    pod["kind"] = json!("Pod");
+    pod["status"] = json!({"phase": "Pending", "qosClass": "Burstable",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/3 nodes are available"}]});
+    pod
+}
+
+/// What a golden response says can never run: the lines of its refusal under
+/// `feasibility.mode: enforce`, or its warnings under `warn`.
+fn never_runs(response: &Value) -> BTreeSet<String> {
+    let r = &response["response"];
+    let mut out = BTreeSet::new();
+    if let Some(m) = r["status"]["message"].as_str() {
+        if let Some((_, lines)) = m.split_once("can never run in this cluster:\n") {
+            out.extend(
+                lines
+                    .lines()
+                    .take_while(|l| l.starts_with("  - "))
+                    .map(|l| l.trim_start_matches("  - ").to_owned()),
+            );
+        }
+    }
+    for w in r["warnings"].as_array().into_iter().flatten() {
+        if let Some((_, finding)) = w.as_str().unwrap_or("").split_once(" can never run: ") {
+            out.insert(finding.to_owned());
+        }
+    }
+    out
+}
+
+/// The golden feasibility cases' pods (workloads are held to the goldens in golden.rs), as
+/// the Pending-forever pods of a cluster that holds each case's context (its nodes, quotas,
+/// DeviceClasses and claim templates), one cluster per case: `tollgate audit` fails each on
+/// the `feasibility` rule with exactly the reasons the golden gives where it says the pod
+/// can never run (its enforce refusal, or its warning), and has no such finding elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_reports_what_can_never_run() {
+    let cases = read_golden_pods(true);
+    assert!(cases.len() >= 8, "{}", cases.len());
+    let mut never = 0;
+    for c in &cases {
+        let cluster = Cluster::start().await;
+        cluster.namespace(&c.namespace, json!({}));
+        for d in &c.context {
+            let resource = match d["kind"].as_str().unwrap() {
+                "Node" => "nodes",
+                "ResourceQuota" => "resourcequotas",
+                "DeviceClass" => "deviceclasses",
+                "ResourceClaim" => "resourceclaims",
+                "ResourceClaimTemplate" => "resourceclaimtemplates",
+                k => panic!("{}: context kind {k}", c.case),
+            };
+            let mut d = d.clone();
+            if resource.starts_with("resource") && d["metadata"]["namespace"].is_null() {
+                d["metadata"]["namespace"] = json!(c.namespace);
+            }
+            cluster.api.insert(resource, d);
+        }
+        cluster.api.insert("pods", pending(c.pod.clone()));
+        let mut args = vec!["-n", c.namespace.as_str(), "--output", "json"];
+        let policy = c.policy.as_ref().map(|p| p.display().to_string());
+        if let Some(p) = &policy {
+            args.extend(["--policy", p.as_str()]);
+        }
+        let out = cluster.audit(&args).await;
+        assert!(
+            matches!(out.status.code(), Some(0 | 1)),
+            "{}: {}",
+            c.case,
+            stderr(&out)
+        );
+        let lines = json_lines(&out);
+        let found: BTreeSet<String> = lines
+            .iter()
+            .filter(|l| l["rule"] == "feasibility" && l["result"] == "fail")
+            .map(|l| {
+                let m = l["message"].as_str().unwrap();
+                m.strip_prefix("can never run: ").unwrap_or(m).to_owned()
+            })
+            .collect();
+        let expected = never_runs(&c.response);
+        assert_eq!(found, expected, "{}: {lines:#?}", c.case);
+        assert_eq!(
+            out.status.code(),
+            Some(i32::from(!expected.is_empty())),
+            "{}",
+            c.case
+        );
+        never += usize::from(!expected.is_empty());
+        // Nodes, quotas and classes were each listed once, not per namespace or per pod.
+        assert_eq!(cluster.api.count(Verb::List, "nodes"), 1, "{}", c.case);
+        assert_eq!(
+            cluster.api.count(Verb::List, "deviceclasses"),
+            1,
+            "{}",
+            c.case
+        );
+    }
+    assert!(never >= 7, "{never} cases that can never run");
+}
+
+/// A cluster that serves DRA only as `resource.k8s.io/v1beta1` (Kubernetes 1.33): the audit
+/// finds the version by discovery and reads its claim templates as v1, so that a DRA pod is
+/// judged as the GPU pod it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_of_a_cluster_serving_dra_v1beta1_are_read_as_v1() {
+    let api = ApiServer::builder()
+        .resources(
+            ResourceType::defaults()
+                .into_iter()
+                .filter(|r| r.group != "resource.k8s.io"),
+        )
+        .resources(ResourceType::dra("v1beta1"))
+        .start()
+        .await;
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    api.write_kubeconfig(kubeconfig.path()).unwrap();
+    let c = Cluster { api, kubeconfig };
+    c.namespace("ml", json!({}));
+    c.api.insert(
+        "resourceclaimtemplates",
+        json!({"apiVersion": "resource.k8s.io/v1beta1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "two-gpus", "namespace": "ml"},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpus", "deviceClassName": "gpu.nvidia.com", "count": 2}]}}}}),
+    );
+    c.api.insert(
+        "deviceclasses",
+        json!({"apiVersion": "resource.k8s.io/v1beta1", "kind": "DeviceClass",
+            "metadata": {"name": "gpu.nvidia.com"}}),
+    );
+    let mut p = pod(
+        "ml",
+        "dra-trainer",
+        json!([{"name": "trainer", "image": "pytorch",
+            "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "claims": [{"name": "gpus"}]}}]),
+    );
+    p["spec"]["resourceClaims"] =
+        json!([{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}]);
+    c.api.insert("pods", p);
+    let out = c.audit(&["-n", "ml", "--output", "json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lines = json_lines(&out);
+    let toleration = lines
+        .iter()
+        .find(|l| l["rule"] == "tolerations")
+        .unwrap_or_else(|| panic!("not judged as a GPU pod: {lines:#?}"));
+    assert!(
+        toleration["message"]
+            .as_str()
+            .unwrap()
+            .contains("nvidia.com/gpu"),
+        "{toleration}"
+    );
+    assert!(
+        !lines.iter().any(|l| l["rule"] == "feasibility"),
+        "{lines:#?}"
+    );
+    assert!(c.api.count(Verb::List, "resourceclaimtemplates") >= 1);
 }

@@ -759,6 +759,9 @@ fn cluster_context_rbac_is_read_only_and_exact() {
         grants,
         [
             "/namespaces",
+            "/nodes",
+            "/resourcequotas",
+            "resource.k8s.io/deviceclasses",
             "resource.k8s.io/resourceclaims",
             "resource.k8s.io/resourceclaimtemplates",
             "trainer.kubeflow.org/clustertrainingruntimes",
@@ -1126,9 +1129,9 @@ async fn every_request_of_the_audit_is_granted_by_the_rbac() {
             continue;
         };
         let group = match resource.as_str() {
-            "pods" | "namespaces" => "",
+            "pods" | "namespaces" | "nodes" | "resourcequotas" => "",
             "leases" => "coordination.k8s.io",
-            "resourceclaims" | "resourceclaimtemplates" => "resource.k8s.io",
+            "resourceclaims" | "resourceclaimtemplates" | "deviceclasses" => "resource.k8s.io",
             "trainingruntimes" | "clustertrainingruntimes" => "trainer.kubeflow.org",
             "policyreports" => "wgpolicyk8s.io",
             other => panic!("the audit touched {other}"),
@@ -1157,6 +1160,9 @@ async fn every_request_of_the_audit_is_granted_by_the_rbac() {
         "create coordination.k8s.io/leases",
         "update coordination.k8s.io/leases",
         "watch resource.k8s.io/resourceclaimtemplates",
+        "watch resource.k8s.io/deviceclasses",
+        "watch /nodes",
+        "watch /resourcequotas",
     ] {
         assert!(
             checked.contains(wanted),

@@ -201,6 +201,9 @@ impl Loop {
                         self.metrics.errors.inc();
                         warn!(kind = %kind, error = %why, "background audit: a workload kind was not audited (its pods were)");
                     }
+                    for (what, why) in self.auditor.unread() {
+                        warn!(needs = %what, error = %why, "background audit: forbidden; feasibility said nothing of what it could not read");
+                    }
                 }
                 Err(AuditError::Stopped) => {
                     info!("background audit: run stopped (shutting down, or the lease passed to another replica)");
@@ -249,7 +252,7 @@ impl Loop {
         let policy = (self.policy)();
         let policy: &Policy = (*policy).as_ref();
         let seconds = unix_now();
-        self.auditor.forget_absent();
+        self.auditor.start_run();
         let namespaces = self.auditor.namespaces(&Namespaces::All, policy).await?;
         // Which namespaces hold a report of tollgate's: only those are deleted from, so a
         // clean namespace costs no request. If they cannot be listed, every clean

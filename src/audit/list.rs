@@ -4,10 +4,10 @@
 //! Lists are raw JSON pages (`limit` + `continue`) rather than typed objects: the engine
 //! reads JSON, and each page is judged and dropped before the next is asked for.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ResourceQuota};
 use kube::api::{ApiResource, ListParams};
 use kube::core::ListMeta;
 use kube::Api;
@@ -15,8 +15,11 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{classify, AuditError, Auditor, Namespaces, Needs};
-use tollgate_core::cluster::Objects;
-use tollgate_core::policy::Policy;
+use crate::cluster::dra;
+use crate::cluster::nodes::{NodeView, ShapeIndex};
+use tollgate_core::capacity::Nodes;
+use tollgate_core::cluster::{self, Objects};
+use tollgate_core::policy::{FeasibilityMode, Policy};
 
 /// Objects per list request: the page size kube's reflectors and kubectl use.
 pub const PAGE_SIZE: u32 = 500;
@@ -114,50 +117,201 @@ pub async fn namespaces(
     }
 }
 
-/// A namespace's cluster context: the namespace, its ResourceClaimTemplates, its
-/// standalone ResourceClaims, and the Kubeflow Trainer runtimes its TrainJobs may name
-/// (its TrainingRuntimes and the ClusterTrainingRuntimes), when the policy judges
-/// TrainJobs. Claims generated from a template for one pod are left out:
-/// a pod names its template, which is what the engine reads, and those claims are one per
-/// pod, so keeping them would grow with the namespace. A cluster that does not serve
-/// `resource.k8s.io/v1` (404) has no claims at all.
+/// What an audit reads once per run for every namespace: the DRA version the cluster
+/// serves, and what feasibility compares pods with cluster-wide (its nodes by shape, its
+/// DeviceClasses; None: not read, for the reason in [`Auditor::unread`]).
+#[derive(Debug, Default)]
+pub struct ClusterWide {
+    pub dra: Option<&'static str>,
+    pub nodes: Option<Arc<Nodes>>,
+    pub device_classes: Option<Arc<BTreeSet<String>>>,
+}
+
+/// Whether the policy, or one of its profiles, judges feasibility.
+pub fn judges_feasibility(policy: &Policy) -> bool {
+    policy.feasibility.mode != FeasibilityMode::Off
+        || policy.profiles.iter().any(|p| {
+            p.policy()
+                .is_some_and(|p| p.feasibility.mode != FeasibilityMode::Off)
+        })
+}
+
+/// Reads what [`ClusterWide`] holds: discovery, then (when the policy judges feasibility)
+/// the nodes, in pages, kept by shape, and the DeviceClasses' names. Nodes or classes the
+/// identity may not list (403), or a cluster without them (404), leave them out: the
+/// audit says so and feasibility says nothing of them.
+pub async fn cluster_wide(a: &Auditor, policy: &Policy) -> Result<ClusterWide, AuditError> {
+    let dra = dra::discover(&a.client).await.map_err(|e| {
+        classify(
+            &a.url,
+            Needs {
+                verb: "get",
+                resource: "the API discovery (/apis)",
+                namespace: None,
+            },
+            e,
+        )
+    })?;
+    let mut wide = ClusterWide {
+        dra,
+        ..ClusterWide::default()
+    };
+    if !judges_feasibility(policy) {
+        return Ok(wide);
+    }
+    let api: Api<NodeView> = Api::all(a.client.clone());
+    let mut index = ShapeIndex::default();
+    let mut lp = ListParams::default().limit(a.page_size);
+    let listed = loop {
+        match api.list(&lp).await {
+            Ok(page) => {
+                for n in &page.items {
+                    index.apply(&n.0);
+                }
+                match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                    Some(c) => lp = lp.continue_token(&c),
+                    None => break true,
+                }
+            }
+            Err(e) => break unreadable(a, "nodes", None, e)?,
+        }
+    };
+    if listed {
+        wide.nodes = Some(Arc::new(index.snapshot()));
+    }
+    if let Some(version) = dra {
+        let classes = dra::resource(version, "DeviceClass", "deviceclasses");
+        let mut names = BTreeSet::new();
+        let listed = match raw_pages(a, &classes, None, |c| {
+            names.extend(dra::class_name(&c).ok());
+        })
+        .await
+        {
+            Ok(()) => true,
+            Err(e) => unreadable(a, "deviceclasses.resource.k8s.io", None, e)?,
+        };
+        if listed {
+            wide.device_classes = Some(Arc::new(names));
+        }
+    }
+    Ok(wide)
+}
+
+/// A list of what feasibility reads that failed: 403 and 404 leave it out (noted in
+/// [`Auditor::unread`] for a 403: Ok(false)); anything else ends the audit.
+fn unreadable(
+    a: &Auditor,
+    resource: &str,
+    namespace: Option<&str>,
+    e: kube::Error,
+) -> Result<bool, AuditError> {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => Ok(false),
+        kube::Error::Api(s) if s.code == 403 => {
+            let needs = Needs {
+                verb: "list",
+                resource,
+                namespace,
+            };
+            a.note_unread(needs.describe(), s.message);
+            Ok(false)
+        }
+        e => Err(classify(
+            &a.url,
+            Needs {
+                verb: "list",
+                resource,
+                namespace,
+            },
+            e,
+        )),
+    }
+}
+
+/// A namespace's cluster context: the namespace, its ResourceClaimTemplates and
+/// standalone ResourceClaims (of the DRA version the cluster serves, read as v1), its
+/// ResourceQuotas and what `wide` holds (when the policy judges feasibility), and the
+/// Kubeflow Trainer runtimes its TrainJobs may name (its TrainingRuntimes and the
+/// ClusterTrainingRuntimes), when the policy judges TrainJobs. Claims generated from a
+/// template for one pod are left out: a pod names its template, which is what the engine
+/// reads, and those claims are one per pod, so keeping them would grow with the namespace.
+/// A cluster that serves no DRA version has no claims at all.
 pub async fn context(
     a: &Auditor,
     ns: &NamespaceInfo,
     policy: &Policy,
+    wide: &ClusterWide,
 ) -> Result<Objects, AuditError> {
     let mut objects = Objects::complete();
     objects.add_namespace(ns.object());
-    let templates: Api<ResourceClaimTemplate> = Api::namespaced(a.client.clone(), &ns.name);
-    for_each_page(
-        a,
-        &templates,
-        "resourceclaimtemplates.resource.k8s.io",
-        &ns.name,
-        |t| objects.add_template(t),
-    )
-    .await?;
-    let claims: Api<ResourceClaim> = Api::namespaced(a.client.clone(), &ns.name);
-    for_each_page(
-        a,
-        &claims,
-        "resourceclaims.resource.k8s.io",
-        &ns.name,
-        |mut c| {
+    if let Some(version) = wide.dra {
+        let templates = dra::resource(version, "ResourceClaimTemplate", "resourceclaimtemplates");
+        let mut unreadable = None;
+        raw_pages(
+            a,
+            &templates,
+            Some(&ns.name),
+            |t| match cluster::claim_template_from(&t) {
+                Ok(t) => objects.add_template(t),
+                Err(e) => unreadable = Some(e),
+            },
+        )
+        .await
+        .or_else(|e| dra_list_failed(a, "resourceclaimtemplates.resource.k8s.io", &ns.name, e))?;
+        let claims = dra::resource(version, "ResourceClaim", "resourceclaims");
+        raw_pages(a, &claims, Some(&ns.name), |c| {
             let generated = c
-                .metadata
-                .owner_references
-                .iter()
+                .pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .into_iter()
                 .flatten()
-                .any(|o| o.kind == "Pod" && o.api_version == "v1");
-            if !generated {
-                c.metadata.managed_fields = None;
-                c.status = None;
-                objects.add_claim(c);
+                .any(|o| o["kind"] == "Pod" && o["apiVersion"] == "v1");
+            if generated {
+                return;
             }
-        },
-    )
-    .await?;
+            match cluster::claim_from(&c) {
+                Ok(mut c) => {
+                    c.status = None;
+                    objects.add_claim(c);
+                }
+                Err(e) => unreadable = Some(e),
+            }
+        })
+        .await
+        .or_else(|e| dra_list_failed(a, "resourceclaims.resource.k8s.io", &ns.name, e))?;
+        if let Some(e) = unreadable {
+            return Err(AuditError::Api {
+                what: format!("reading the DRA objects of namespace {:?}", ns.name),
+                detail: e,
+            });
+        }
+    }
+    if judges_feasibility(policy) {
+        objects.nodes = wide.nodes.clone();
+        objects.device_classes = wide.device_classes.clone();
+        let quotas: Api<ResourceQuota> = Api::namespaced(a.client.clone(), &ns.name);
+        let mut listed = vec![];
+        let mut lp = ListParams::default().limit(a.page_size);
+        let read = loop {
+            match quotas.list(&lp).await {
+                Ok(page) => {
+                    listed.extend(page.items);
+                    match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                        Some(c) => lp = lp.continue_token(&c),
+                        None => break true,
+                    }
+                }
+                Err(e) => break unreadable(a, "resourcequotas", Some(&ns.name), e)?,
+            }
+        };
+        if read {
+            objects.know_quotas();
+            for mut q in listed {
+                crate::cluster::trim_quota(&mut q);
+                objects.add_quota(q);
+            }
+        }
+    }
     let trainjobs =
         policy.workloads.enabled && policy.workloads.kinds.iter().any(|k| k.from.is_some());
     if trainjobs {
@@ -169,6 +323,28 @@ pub async fn context(
         }
     }
     Ok(objects)
+}
+
+/// A list of claims or templates that failed: none on 404 (the version went away since
+/// discovery), else the audit ends with the reason.
+fn dra_list_failed(
+    a: &Auditor,
+    resource: &str,
+    namespace: &str,
+    e: kube::Error,
+) -> Result<(), AuditError> {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => Ok(()),
+        e => Err(classify(
+            &a.url,
+            Needs {
+                verb: "list",
+                resource,
+                namespace: Some(namespace),
+            },
+            e,
+        )),
+    }
 }
 
 const TRAINING_RUNTIMES: (&str, &str) = ("TrainingRuntime", "trainingruntimes");
@@ -186,74 +362,50 @@ async fn runtimes(
 ) -> Result<(), AuditError> {
     let gvk = kube::api::GroupVersionKind::gvk("trainer.kubeflow.org", "v1alpha1", kind);
     let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
-    let path = <kube::api::DynamicObject as kube::Resource>::url_path(&resource, namespace);
+    match raw_pages(a, &resource, namespace, |item| {
+        objects.add_training_runtime(item);
+    })
+    .await
+    {
+        Ok(()) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => Ok(()),
+        Err(e) => Err(classify(
+            &a.url,
+            Needs {
+                verb: "list",
+                resource: plural,
+                namespace,
+            },
+            e,
+        )),
+    }
+}
+
+/// Each object of `resource` (in `namespace`, or all), a page at a time, as JSON with the
+/// `apiVersion` and `kind` list items lack and without managedFields.
+async fn raw_pages(
+    a: &Auditor,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+    mut f: impl FnMut(Value),
+) -> Result<(), kube::Error> {
+    let path = <kube::api::DynamicObject as kube::Resource>::url_path(resource, namespace);
     let mut lp = ListParams::default().limit(a.page_size);
     loop {
         let request = kube::core::Request::new(path.clone())
             .list(&lp)
-            .map_err(|e| AuditError::Api {
-                what: format!("list {plural}"),
-                detail: e.to_string(),
-            })?;
-        let page: RawList = match a.client.request(request).await {
-            Ok(p) => p,
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => return Ok(()),
-            Err(e) => {
-                return Err(classify(
-                    &a.url,
-                    Needs {
-                        verb: "list",
-                        resource: plural,
-                        namespace,
-                    },
-                    e,
-                ))
-            }
-        };
+            .map_err(kube::Error::BuildRequest)?;
+        let page: RawList = a.client.request(request).await?;
         for mut item in page.items {
             if let Some(o) = item.as_object_mut() {
-                o.insert("kind".into(), kind.into());
+                o.insert("apiVersion".into(), resource.api_version.clone().into());
+                o.insert("kind".into(), resource.kind.clone().into());
                 if let Some(Value::Object(m)) = o.get_mut("metadata") {
                     m.remove("managedFields");
                 }
             }
-            objects.add_training_runtime(item);
+            f(item);
         }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(c) => lp = lp.continue_token(&c),
-            None => return Ok(()),
-        }
-    }
-}
-
-async fn for_each_page<K>(
-    a: &Auditor,
-    api: &Api<K>,
-    resource: &str,
-    namespace: &str,
-    mut f: impl FnMut(K),
-) -> Result<(), AuditError>
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-{
-    let mut lp = ListParams::default().limit(a.page_size);
-    loop {
-        let page = match api.list(&lp).await {
-            Ok(p) => p,
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-            Err(e) => {
-                return Err(classify(
-                    &a.url,
-                    Needs {
-                        verb: "list",
-                        resource,
-                        namespace: Some(namespace),
-                    },
-                    e,
-                ))
-            }
-        };
-        page.items.into_iter().for_each(&mut f);
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) => lp = lp.continue_token(&c),
             None => return Ok(()),

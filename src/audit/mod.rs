@@ -120,8 +120,8 @@ fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
     cur.to_string()
 }
 
-/// Where the objects' cluster context (DRA claims and templates, namespace labels) comes
-/// from.
+/// Where the objects' cluster context (DRA claims and templates, namespace labels, nodes,
+/// quotas, DeviceClasses) comes from.
 #[derive(Clone)]
 pub enum Context {
     /// Listed per namespace, kept while the namespace is audited: what the command does.
@@ -159,6 +159,18 @@ impl Cluster for Via<'_> {
     }
     fn is_offline(&self) -> bool {
         self.0.is_offline()
+    }
+    fn nodes(&self) -> Option<Lookup<Arc<tollgate_core::capacity::Nodes>>> {
+        self.0.nodes()
+    }
+    fn resource_quotas(
+        &self,
+        namespace: &str,
+    ) -> Option<Lookup<Arc<[Arc<k8s_openapi::api::core::v1::ResourceQuota>]>>> {
+        self.0.resource_quotas(namespace)
+    }
+    fn device_classes(&self) -> Option<Lookup<Arc<std::collections::BTreeSet<String>>>> {
+        self.0.device_classes()
     }
 }
 
@@ -273,8 +285,13 @@ pub struct Auditor {
     pub exclude: Vec<tollgate_core::glob::Glob>,
     /// The workload kinds not listed, and why: the cluster answered 404 (their CRD is not
     /// installed, `None`) or 403 (the identity may not list them). Not asked for again in
-    /// the namespaces after, until [`Auditor::forget_absent`].
+    /// the namespaces after, until [`Auditor::start_run`].
     absent: std::sync::Mutex<BTreeMap<String, Option<String>>>,
+    /// What is read once per run (with [`Context::PerNamespace`]), once read.
+    wide: std::sync::Mutex<Option<Arc<list::ClusterWide>>>,
+    /// What feasibility would read and the identity may not: the request, and the
+    /// apiserver's message.
+    unread: std::sync::Mutex<BTreeMap<String, String>>,
 }
 
 impl Auditor {
@@ -287,16 +304,48 @@ impl Auditor {
             page_size: list::PAGE_SIZE,
             exclude: vec![],
             absent: Default::default(),
+            wide: Default::default(),
+            unread: Default::default(),
         }
     }
 
-    /// Asks again for the kinds found absent: at the start of each background run, since a
-    /// CRD may have been installed since.
-    pub fn forget_absent(&self) {
+    /// Forgets what the last run learnt: the kinds found absent, the nodes and
+    /// DeviceClasses listed, what could not be read. At the start of each background run,
+    /// since a CRD may have been installed, and nodes changed, since.
+    pub fn start_run(&self) {
         self.absent
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+        *self.wide.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.unread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    /// What the audit reads once per run, read at the first namespace.
+    async fn cluster_wide(&self, policy: &Policy) -> Result<Arc<list::ClusterWide>, AuditError> {
+        if let Some(w) = self.wide.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Ok(w);
+        }
+        let w = Arc::new(list::cluster_wide(self, policy).await?);
+        *self.wide.lock().unwrap_or_else(|e| e.into_inner()) = Some(w.clone());
+        Ok(w)
+    }
+
+    fn note_unread(&self, what: String, why: String) {
+        self.unread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(what, why);
+    }
+
+    /// What feasibility would have read and the identity may not (`list on nodes at the
+    /// cluster scope`), with the apiserver's message: the pods were judged without it.
+    pub fn unread(&self) -> Vec<(String, String)> {
+        let unread = self.unread.lock().unwrap_or_else(|e| e.into_inner());
+        unread.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     }
 
     fn is_absent(&self, kind: &kube::api::ApiResource) -> bool {
@@ -350,7 +399,8 @@ impl Auditor {
                 &shared
             }
             Context::PerNamespace => {
-                local = list::context(self, namespace, policy).await?;
+                let wide = self.cluster_wide(policy).await?;
+                local = list::context(self, namespace, policy, &wide).await?;
                 &local
             }
         };

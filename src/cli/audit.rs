@@ -86,6 +86,9 @@ async fn audit(a: &AuditArgs) -> Result<Totals, String> {
     for (kind, why) in auditor.forbidden_kinds() {
         eprintln!("tollgate: {kind} not audited (their pods were): {why}");
     }
+    for (what, why) in auditor.unread() {
+        eprintln!("tollgate: whether pods can run was judged without what needs {what}: {why}");
+    }
     let totals = result.map_err(|e| e.to_string())?;
     writer.finish(&totals).map_err(|e| e.to_string())?;
     Ok(totals)

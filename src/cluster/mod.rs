@@ -1,17 +1,34 @@
 //! The cluster context of the server: what a review may know of other objects (DRA claims
-//! and claim templates, namespaces), held in memory so that no review waits on the network.
+//! and claim templates, namespaces, Kubeflow Trainer runtimes) and what the cluster offers
+//! pods (its nodes by shape, its ResourceQuotas, its DeviceClasses), held in memory so that
+//! no review waits on the network.
 //!
 //! [`ClusterContext`] is what the handlers see: the engine's [`Cluster`] (answers from
 //! memory) plus one bounded fetch for objects the memory does not hold yet, such as a
 //! claim template applied in the same `kubectl apply` as the Job whose pods use it.
 
+mod cache;
+pub mod dra;
+pub mod nodes;
+mod quotas;
 mod watch;
 
+pub use quotas::trim as trim_quota;
 pub use watch::{Options, Watched};
 
-/// The caches of resources a cluster may not serve (Kubeflow Trainer's runtimes, a CRD's):
-/// while it does not, they have no metric series and readiness does not wait for them.
-pub const OPTIONAL_RESOURCES: [&str; 2] = ["trainingruntimes", "clustertrainingruntimes"];
+/// The resources the context watches, one cache each. A cluster may not serve some (DRA's
+/// before 1.34 or without DRA, Kubeflow Trainer's runtimes): while it does not, they have
+/// no metric series and readiness does not wait for them.
+pub const RESOURCES: [&str; 8] = [
+    "resourceclaims",
+    "resourceclaimtemplates",
+    "namespaces",
+    "nodes",
+    "resourcequotas",
+    "deviceclasses",
+    "trainingruntimes",
+    "clustertrainingruntimes",
+];
 
 use std::future::Future;
 use std::pin::Pin;
@@ -49,6 +66,9 @@ pub struct ResourceStatus {
     pub resource: &'static str,
     /// Listed completely at least once.
     pub synced: bool,
+    /// `/readyz` need not wait for it: synced, or not needed to be (a resource the
+    /// cluster does not serve, or nodes the RBAC forbids reading).
+    pub ready: bool,
     /// How far behind the cluster the cache may be: 0 while its watch is current, else the
     /// seconds since it started failing (or since start, before the first sync).
     pub age_seconds: i64,

@@ -1,62 +1,134 @@
 //! The cluster context fed by watches: ResourceClaims, ResourceClaimTemplates and
-//! Namespaces, and Kubeflow Trainer's TrainingRuntimes and ClusterTrainingRuntimes, each
-//! kept in a kube `runtime` reflector's store.
+//! DeviceClasses (`dra.rs`: in the version the cluster serves), Namespaces, Nodes (by shape:
+//! `nodes.rs`), ResourceQuotas (by namespace: `quotas.rs`), and Kubeflow Trainer's
+//! TrainingRuntimes and ClusterTrainingRuntimes, each fed by a kube watcher through
+//! `cache::drive`.
 //!
-//! - Reviews read the stores and never wait on them. A store that has not synced yet, or an
-//!   object it does not hold, answers "unknown", and the review's handler calls
-//!   [`ClusterContext::fetch`]: one GET per object, all at once, bounded by
-//!   `--cluster-fetch-timeout-ms`. What a GET found is kept for a minute (the watch catches
-//!   up meanwhile), what it found absent for five seconds, so that 64 pods of one Job do
-//!   not fetch one template 64 times.
+//! - Reviews read the caches and never wait on them. A claim, template, namespace or
+//!   runtime that a cache has not synced yet, or does not hold, answers "unknown", and the
+//!   review's handler calls [`ClusterContext::fetch`]: one GET per object, all at once,
+//!   bounded by `--cluster-fetch-timeout-ms`. What a GET found is kept for a minute (the
+//!   watch catches up meanwhile), what it found absent for five seconds, so that 64 pods of
+//!   one Job do not fetch one template 64 times. Nodes, quotas and DeviceClasses are never
+//!   fetched: until their caches sync, feasibility says it could not check them.
 //! - A broken watch keeps the last state: kube's watcher retries with backoff (and relists
-//!   after a 410), and the store is only replaced once a relist is complete. Each failure is
-//!   logged and counted; [`ResourceStatus`] says how far behind the cluster each store may be.
-//! - Stored objects are trimmed to what reviews read: no managedFields, no claim status.
-//! - The runtimes are a CRD's, which a cluster without Kubeflow Trainer does not serve: a
-//!   list answered 404 marks the resource "not served" (logged once, no metric series, no
-//!   probe), and the watcher keeps retrying with its backoff so that a Trainer installed
-//!   later is picked up. Readiness does not wait for the runtimes: before their caches
-//!   sync, a TrainJob's runtime is fetched like any object the caches do not hold, and one
-//!   tollgate cannot know is a warning, never a refusal.
+//!   after a 410), and a cache is only replaced once a relist is complete. Each failure is
+//!   logged and counted; [`ResourceStatus`] says how far behind the cluster each cache may
+//!   be.
+//! - Stored objects are trimmed to what reviews read: no managedFields, no claim status,
+//!   a node's shape only, a quota's spec and `status.used`, a DeviceClass's name.
+//! - What the cluster does not serve (404: no DRA at all, no Kubeflow Trainer) is "not
+//!   served": logged once, no metric series, not waited for; the watch (or discovery, for
+//!   DRA) keeps retrying so that it is picked up once it is. What the RBAC forbids (403)
+//!   keeps its series and its warnings (the stale alert fires), and readiness stops
+//!   waiting for it where tollgate can do without it: nodes, quotas and DeviceClasses
+//!   (feasibility then says nothing of them), not claims, templates or namespaces, which
+//!   decide what a pod is given. Readiness never waits for the runtimes: before their
+//!   caches sync, a TrainJob's runtime is fetched like any object the caches do not hold,
+//!   and one tollgate cannot know is a warning, never a refusal.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
-use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::Namespace;
+use arc_swap::ArcSwap;
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::ListParams;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::warn;
 
+use super::cache::{
+    drive, Health, Readiness, Reflected, Sink, FETCH_ABSENT, FETCH_FAILED, FETCH_FOUND,
+};
+use super::dra::{self, ClassSink, Discovery, Raw};
+use super::nodes::{NodeSink, NodeView};
+use super::quotas::{self, QuotaSink};
 use super::{BoxFuture, ClusterContext, ResourceStatus};
-use tollgate_core::cluster::{Cluster, Kind, Lookup, ObjectKey, Objects};
+use tollgate_core::capacity::Nodes;
+use tollgate_core::cluster::{self, Cluster, Kind, Lookup, ObjectKey, Objects};
 
 /// How long an object a GET found is used before the watch must have it.
 const FOUND_TTL: Duration = Duration::from_secs(60);
 /// How long "a GET found nothing" holds: a claim applied a moment later must still be seen.
 const ABSENT_TTL: Duration = Duration::from_secs(5);
-/// While a watch is failing, how often its resource is listed (one object) to learn that
-/// the apiserver answers again: the watcher's own recovery is silent until the next event.
-const PROBE_INTERVAL: Duration = Duration::from_secs(10);
+/// Objects per list request: the page size kube's reflectors and kubectl use.
+const PAGE_SIZE: u32 = 500;
 
 /// Tuning of the watched context.
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Bound of one review's fetch of the objects the caches did not hold.
     pub fetch_timeout: Duration,
+}
+
+/// What reviews said when a DRA resource is not served.
+const NO_DRA: &str = "the cluster serves no resource.k8s.io version tollgate reads (v1, v1beta2, v1beta1): no pod there claims devices, and discovery is asked again every 5 minutes";
+const NO_TRAINER: &str = "Kubeflow Trainer is not installed; TrainJobs naming a runtime are allowed with a warning until it is";
+const NO_FEASIBILITY: &str = "feasibility says nothing of it until it does";
+
+/// The caches' health, one per watch.
+struct Healths {
+    claims: Arc<Health>,
+    templates: Arc<Health>,
+    namespaces: Arc<Health>,
+    nodes: Arc<Health>,
+    quotas: Arc<Health>,
+    classes: Arc<Health>,
+    runtimes: Arc<Health>,
+    cluster_runtimes: Arc<Health>,
+}
+
+impl Healths {
+    fn new() -> Healths {
+        let [claims, templates, namespaces, nodes, quotas, classes, runtimes, cluster_runtimes] =
+            super::RESOURCES;
+        let h = |r, readiness, note| Arc::new(Health::new(r, readiness, note));
+        Healths {
+            claims: h(claims, Readiness::UnlessNotServed, NO_DRA),
+            templates: h(templates, Readiness::UnlessNotServed, NO_DRA),
+            namespaces: h(namespaces, Readiness::Always, ""),
+            nodes: h(nodes, Readiness::UnlessUnavailable, NO_FEASIBILITY),
+            quotas: h(quotas, Readiness::UnlessUnavailable, NO_FEASIBILITY),
+            classes: h(classes, Readiness::UnlessUnavailable, NO_DRA),
+            runtimes: h(runtimes, Readiness::Never, NO_TRAINER),
+            cluster_runtimes: h(cluster_runtimes, Readiness::Never, NO_TRAINER),
+        }
+    }
+
+    /// In the order of [`super::RESOURCES`].
+    fn all(&self) -> [&Arc<Health>; 8] {
+        [
+            &self.claims,
+            &self.templates,
+            &self.namespaces,
+            &self.nodes,
+            &self.quotas,
+            &self.classes,
+            &self.runtimes,
+            &self.cluster_runtimes,
+        ]
+    }
+
+    fn of(&self, kind: Kind) -> &Health {
+        match kind {
+            Kind::ResourceClaim => &self.claims,
+            Kind::ResourceClaimTemplate => &self.templates,
+            Kind::Namespace => &self.namespaces,
+            Kind::TrainingRuntime => &self.runtimes,
+            Kind::ClusterTrainingRuntime => &self.cluster_runtimes,
+        }
+    }
 }
 
 /// The caches and what serves them.
@@ -67,9 +139,12 @@ pub struct Watched {
     namespaces: Store<Namespace>,
     training_runtimes: Store<Runtime<Namespaced>>,
     cluster_training_runtimes: Store<Runtime<ClusterScoped>>,
-    /// One per store, in the order of [`Kind`]'s use below; the first [`REQUIRED`] are the
-    /// caches readiness waits for.
-    health: [Arc<Health>; 5],
+    nodes: Arc<ArcSwap<Nodes>>,
+    quotas: Arc<RwLock<quotas::ByNamespace>>,
+    device_classes: Arc<ArcSwap<BTreeSet<String>>>,
+    /// The DRA version the cluster serves, for the fetches.
+    dra: Arc<Discovery>,
+    health: Healths,
     recent: Mutex<Recent>,
     options: Options,
     tasks: Vec<JoinHandle<()>>,
@@ -81,27 +156,6 @@ impl Drop for Watched {
             t.abort();
         }
     }
-}
-
-/// The caches readiness waits for: those of core resources every cluster serves.
-const REQUIRED: usize = 3;
-
-/// What one watch has been through, for readiness, metrics and logs.
-#[derive(Debug, Default)]
-struct Health {
-    resource: &'static str,
-    /// A CRD's resource, which a cluster may not serve.
-    optional: bool,
-    /// Its last list answered 404: the cluster does not serve it (only an optional one).
-    not_served: AtomicBool,
-    synced: AtomicBool,
-    /// Unix seconds of the last complete list, 0 before the first.
-    last_sync: AtomicI64,
-    /// Unix seconds since when the watch has been failing; 0 while it is not.
-    failing_since: AtomicI64,
-    restarts: AtomicU64,
-    objects: AtomicU64,
-    fetched: [AtomicU64; 3],
 }
 
 /// Objects fetched by GET, until the watch has them.
@@ -117,6 +171,70 @@ enum Fetched {
     Template(Arc<ResourceClaimTemplate>),
     Namespace(Arc<Namespace>),
     Runtime(Arc<Value>),
+}
+
+/// A claim as the cache keeps it: v1, without its status (allocations, reservations).
+fn claim(v: &Value) -> Result<ResourceClaim, String> {
+    cluster::claim_from(v).map(|mut c| {
+        c.status = None;
+        c
+    })
+}
+
+/// A watch of `api` into `sink`, each object changed by `trim` first, on its own task.
+fn spawn_watch<K, S>(
+    api: Api<K>,
+    health: &Arc<Health>,
+    mut sink: S,
+    trim: fn(&mut K),
+) -> JoinHandle<()>
+where
+    K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    S: Sink<K> + 'static,
+{
+    let health = health.clone();
+    tokio::spawn(async move {
+        let stream = watcher(api.clone(), watcher::Config::default().page_size(PAGE_SIZE))
+            .default_backoff()
+            .modify(move |o: &mut K| {
+                o.managed_fields_mut().clear();
+                trim(o);
+            });
+        drive(stream, &health, &mut sink, &api, false).await;
+    })
+}
+
+/// A reflector's store of `api`, fed on its own task.
+fn reflect<K>(api: Api<K>, health: &Arc<Health>, trim: fn(&mut K)) -> (Store<K>, JoinHandle<()>)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let sink = Reflected::new();
+    let store = sink.store();
+    (store, spawn_watch(api, health, sink, trim))
+}
+
+/// A reflector's store of a DRA resource, fed on its own task in the served version.
+fn reflect_dra<K>(
+    client: &Client,
+    discovery: &Arc<Discovery>,
+    what: dra::Watch<K>,
+    health: &Arc<Health>,
+) -> (Store<K>, JoinHandle<()>)
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    let sink = Reflected::new();
+    let store = sink.store();
+    let task = tokio::spawn(dra::run(
+        client.clone(),
+        discovery.clone(),
+        what,
+        health.clone(),
+        sink,
+    ));
+    (store, task)
 }
 
 /// A Kubeflow Trainer runtime as the caches keep it: its metadata for the store, and its
@@ -200,44 +318,71 @@ impl<'de, S: RuntimeScope> Deserialize<'de> for Runtime<S> {
     }
 }
 
-const FETCH_FOUND: usize = 0;
-const FETCH_ABSENT: usize = 1;
-const FETCH_FAILED: usize = 2;
-
 impl Watched {
     /// Starts the watches (they run until the context is dropped). Must be called inside
     /// a Tokio runtime.
     pub fn start(client: Client, options: Options) -> Watched {
-        let health = [
-            Arc::new(Health::named("resourceclaims")),
-            Arc::new(Health::named("resourceclaimtemplates")),
-            Arc::new(Health::named("namespaces")),
-            Arc::new(Health::optional(super::OPTIONAL_RESOURCES[0])),
-            Arc::new(Health::optional(super::OPTIONAL_RESOURCES[1])),
-        ];
-        let (claims, t1) = watch(
-            Api::<ResourceClaim>::all(client.clone()),
-            health[0].clone(),
-            |c: &mut ResourceClaim| c.status = None,
+        let health = Healths::new();
+        let discovery = Arc::new(Discovery::new(client.clone()));
+        let (claims, t1) = reflect_dra(
+            &client,
+            &discovery,
+            dra::Watch {
+                kind: "ResourceClaim",
+                plural: "resourceclaims",
+                convert: claim,
+            },
+            &health.claims,
         );
-        let (templates, t2) = watch(
-            Api::<ResourceClaimTemplate>::all(client.clone()),
-            health[1].clone(),
-            |_: &mut ResourceClaimTemplate| {},
+        let (templates, t2) = reflect_dra(
+            &client,
+            &discovery,
+            dra::Watch {
+                kind: "ResourceClaimTemplate",
+                plural: "resourceclaimtemplates",
+                convert: cluster::claim_template_from,
+            },
+            &health.templates,
         );
-        let (namespaces, t3) = watch(
+        let (namespaces, t3) = reflect(
             Api::<Namespace>::all(client.clone()),
-            health[2].clone(),
+            &health.namespaces,
             |n: &mut Namespace| n.status = None,
         );
-        let (training_runtimes, t4) = watch(
+        let nodes = Arc::new(ArcSwap::from_pointee(Nodes::default()));
+        let t4 = spawn_watch(
+            Api::<NodeView>::all(client.clone()),
+            &health.nodes,
+            NodeSink::new(nodes.clone()),
+            |_: &mut NodeView| {},
+        );
+        let quotas = Arc::new(RwLock::new(quotas::ByNamespace::new()));
+        let t5 = spawn_watch(
+            Api::<ResourceQuota>::all(client.clone()),
+            &health.quotas,
+            QuotaSink::new(quotas.clone()),
+            quotas::trim,
+        );
+        let device_classes = Arc::new(ArcSwap::from_pointee(BTreeSet::new()));
+        let t6 = tokio::spawn(dra::run(
+            client.clone(),
+            discovery.clone(),
+            dra::Watch {
+                kind: "DeviceClass",
+                plural: "deviceclasses",
+                convert: dra::class_name,
+            },
+            health.classes.clone(),
+            ClassSink::new(device_classes.clone()),
+        ));
+        let (training_runtimes, t7) = reflect(
             Api::<Runtime<Namespaced>>::all(client.clone()),
-            health[3].clone(),
+            &health.runtimes,
             |_: &mut Runtime<Namespaced>| {},
         );
-        let (cluster_training_runtimes, t5) = watch(
+        let (cluster_training_runtimes, t8) = reflect(
             Api::<Runtime<ClusterScoped>>::all(client.clone()),
-            health[4].clone(),
+            &health.cluster_runtimes,
             |_: &mut Runtime<ClusterScoped>| {},
         );
         Watched {
@@ -247,10 +392,14 @@ impl Watched {
             namespaces,
             training_runtimes,
             cluster_training_runtimes,
+            nodes,
+            quotas,
+            device_classes,
+            dra: discovery,
             health,
             recent: Mutex::new(Recent::default()),
             options,
-            tasks: vec![t1, t2, t3, t4, t5],
+            tasks: vec![t1, t2, t3, t4, t5, t6, t7, t8],
         }
     }
 
@@ -326,203 +475,69 @@ impl Watched {
         Lookup::Unknown
     }
 
-    async fn fetch_one(&self, key: &ObjectKey) -> Result<Option<Fetched>, kube::Error> {
+    /// A DRA object by GET, in the version the cluster serves: none where it serves no
+    /// version (then nothing of it can exist).
+    async fn fetch_dra<K>(
+        &self,
+        kind: &str,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+        convert: fn(&Value) -> Result<K, String>,
+    ) -> Result<Option<K>, String> {
+        let version = match self.dra.known() {
+            Some(Some(v)) => v,
+            Some(None) => return Ok(None),
+            None => {
+                return Err(format!(
+                    "the cluster's {} version is not known yet",
+                    dra::GROUP
+                ))
+            }
+        };
+        let ar = dra::resource(version, kind, plural);
+        let found = Api::<Raw>::namespaced_with(self.client.clone(), namespace, &ar)
+            .get_opt(name)
+            .await
+            .map_err(|e| e.to_string())?;
+        found.map(|r| r.read(version, convert)).transpose()
+    }
+
+    async fn fetch_one(&self, key: &ObjectKey) -> Result<Option<Fetched>, String> {
         let (ns, name) = (key.namespace.as_str(), key.name.as_str());
+        let kube = |e: kube::Error| e.to_string();
         match key.kind {
-            Kind::ResourceClaim => Api::<ResourceClaim>::namespaced(self.client.clone(), ns)
-                .get_opt(name)
+            Kind::ResourceClaim => self
+                .fetch_dra("ResourceClaim", "resourceclaims", ns, name, claim)
                 .await
                 .map(|o| o.map(|o| Fetched::Claim(Arc::new(o)))),
-            Kind::ResourceClaimTemplate => {
-                Api::<ResourceClaimTemplate>::namespaced(self.client.clone(), ns)
-                    .get_opt(name)
-                    .await
-                    .map(|o| o.map(|o| Fetched::Template(Arc::new(o))))
-            }
+            Kind::ResourceClaimTemplate => self
+                .fetch_dra(
+                    "ResourceClaimTemplate",
+                    "resourceclaimtemplates",
+                    ns,
+                    name,
+                    cluster::claim_template_from,
+                )
+                .await
+                .map(|o| o.map(|o| Fetched::Template(Arc::new(o)))),
             Kind::Namespace => Api::<Namespace>::all(self.client.clone())
                 .get_opt(name)
                 .await
-                .map(|o| o.map(|o| Fetched::Namespace(Arc::new(o)))),
+                .map(|o| o.map(|o| Fetched::Namespace(Arc::new(o))))
+                .map_err(kube),
             Kind::TrainingRuntime => {
                 Api::<Runtime<Namespaced>>::namespaced(self.client.clone(), ns)
                     .get_opt(name)
                     .await
                     .map(|o| o.map(|o| Fetched::Runtime(o.json)))
+                    .map_err(kube)
             }
             Kind::ClusterTrainingRuntime => Api::<Runtime<ClusterScoped>>::all(self.client.clone())
                 .get_opt(name)
                 .await
-                .map(|o| o.map(|o| Fetched::Runtime(o.json))),
-        }
-    }
-
-    fn health_of(&self, kind: Kind) -> &Health {
-        match kind {
-            Kind::ResourceClaim => &self.health[0],
-            Kind::ResourceClaimTemplate => &self.health[1],
-            Kind::Namespace => &self.health[2],
-            Kind::TrainingRuntime => &self.health[3],
-            Kind::ClusterTrainingRuntime => &self.health[4],
-        }
-    }
-}
-
-impl Health {
-    fn named(resource: &'static str) -> Health {
-        Health {
-            resource,
-            // Not synced yet counts as failing since start: nothing is known.
-            failing_since: AtomicI64::new(unix_now()),
-            ..Default::default()
-        }
-    }
-
-    fn status(&self) -> ResourceStatus {
-        let since = self.failing_since.load(Ordering::Relaxed);
-        ResourceStatus {
-            resource: self.resource,
-            synced: self.synced.load(Ordering::Relaxed),
-            age_seconds: if since == 0 {
-                0
-            } else {
-                (unix_now() - since).max(0)
-            },
-            last_sync: self.last_sync.load(Ordering::Relaxed),
-            restarts: self.restarts.load(Ordering::Relaxed),
-            objects: self.objects.load(Ordering::Relaxed),
-            fetched_found: self.fetched[FETCH_FOUND].load(Ordering::Relaxed),
-            fetched_absent: self.fetched[FETCH_ABSENT].load(Ordering::Relaxed),
-            fetched_failed: self.fetched[FETCH_FAILED].load(Ordering::Relaxed),
-        }
-    }
-
-    fn optional(resource: &'static str) -> Health {
-        Health {
-            optional: true,
-            ..Health::named(resource)
-        }
-    }
-
-    /// A list answered 404 for a resource the cluster may not serve: said once, and not
-    /// a failure to alert on.
-    fn not_served(&self) {
-        if !self.not_served.swap(true, Ordering::Relaxed) {
-            info!(
-                resource = self.resource,
-                "the cluster does not serve this resource (Kubeflow Trainer is not installed); TrainJobs naming a runtime are allowed with a warning until it does"
-            );
-        }
-    }
-
-    fn current(&self) {
-        if self.failing_since.swap(0, Ordering::Relaxed) != 0 && self.synced.load(Ordering::Relaxed)
-        {
-            info!(resource = self.resource, "cluster watch recovered");
-        }
-    }
-}
-
-fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
-
-/// A reflector over `api`, trimmed by `trim`, driven on its own task.
-fn watch<K>(api: Api<K>, health: Arc<Health>, trim: fn(&mut K)) -> (Store<K>, JoinHandle<()>)
-where
-    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let store = reader.clone();
-    let stream = watcher(api.clone(), watcher::Config::default().page_size(500))
-        .default_backoff()
-        .modify(move |o: &mut K| {
-            o.managed_fields_mut().clear();
-            trim(o);
-        })
-        .reflect(writer);
-    let task = tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        let mut probe: Option<JoinHandle<()>> = None;
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(watcher::Event::InitDone) => {
-                    health.not_served.store(false, Ordering::Relaxed);
-                    let first = !health.synced.swap(true, Ordering::Relaxed);
-                    health.last_sync.store(unix_now(), Ordering::Relaxed);
-                    health.objects.store(reader.len() as u64, Ordering::Relaxed);
-                    health.current();
-                    if first {
-                        info!(
-                            resource = health.resource,
-                            objects = reader.len(),
-                            "cluster cache synced"
-                        );
-                    }
-                }
-                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
-                Ok(_) => {
-                    health.objects.store(reader.len() as u64, Ordering::Relaxed);
-                    health.current();
-                }
-                Err(e) if health.optional && is_not_found(&e) => health.not_served(),
-                Err(e) => {
-                    health.restarts.fetch_add(1, Ordering::Relaxed);
-                    let was = health.failing_since.compare_exchange(
-                        0,
-                        unix_now(),
-                        Ordering::Relaxed,
-                        Ordering::Relaxed,
-                    );
-                    warn!(
-                        resource = health.resource,
-                        error = %e,
-                        objects = reader.len(),
-                        "cluster watch failed; reviews use the last state while it retries"
-                    );
-                    if was.is_ok() || probe.as_ref().is_none_or(|p| p.is_finished()) {
-                        probe = Some(tokio::spawn(probe_until_current(
-                            api.clone(),
-                            health.clone(),
-                        )));
-                    }
-                }
-            }
-        }
-    });
-    (store, task)
-}
-
-/// Whether a watch failed because the resource is not served.
-fn is_not_found(e: &watcher::Error) -> bool {
-    match e {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.code == 404,
-        watcher::Error::WatchError(s) => s.code == 404,
-        _ => false,
-    }
-}
-
-/// While the watch is failing, lists one object now and then: once the apiserver answers
-/// again the watcher's retry succeeds too, but says nothing until the next event.
-async fn probe_until_current<K>(api: Api<K>, health: Arc<Health>)
-where
-    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned,
-{
-    loop {
-        tokio::time::sleep(PROBE_INTERVAL).await;
-        if health.failing_since.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        if api
-            .list_metadata(&ListParams::default().limit(1))
-            .await
-            .is_ok()
-        {
-            health.current();
-            return;
+                .map(|o| o.map(|o| Fetched::Runtime(o.json)))
+                .map_err(kube),
         }
     }
 }
@@ -582,6 +597,27 @@ impl Cluster for Watched {
             name,
         )
     }
+
+    fn nodes(&self) -> Option<Lookup<Arc<Nodes>>> {
+        self.health.nodes.known(|| self.nodes.load_full())
+    }
+
+    fn resource_quotas(&self, namespace: &str) -> Option<Lookup<Arc<[Arc<ResourceQuota>]>>> {
+        self.health.quotas.known(|| {
+            self.quotas
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(namespace)
+                .cloned()
+                .unwrap_or_else(|| Arc::new([]))
+        })
+    }
+
+    fn device_classes(&self) -> Option<Lookup<Arc<BTreeSet<String>>>> {
+        self.health
+            .classes
+            .known(|| self.device_classes.load_full())
+    }
 }
 
 impl ClusterContext for Watched {
@@ -595,7 +631,7 @@ impl ClusterContext for Watched {
                 Ok(r) => r,
                 Err(_) => {
                     for k in &wanted {
-                        self.health_of(k.kind).fetched[FETCH_FAILED]
+                        self.health.of(k.kind).fetched[FETCH_FAILED]
                             .fetch_add(1, Ordering::Relaxed);
                     }
                     warn!(
@@ -612,7 +648,7 @@ impl ClusterContext for Watched {
             recent.found.retain(|_, (at, _)| at.elapsed() < FOUND_TTL);
             recent.absent.retain(|_, at| at.elapsed() < ABSENT_TTL);
             for (key, result) in wanted.into_iter().zip(results) {
-                let counters = &self.health_of(key.kind).fetched;
+                let counters = &self.health.of(key.kind).fetched;
                 match result {
                     Ok(Some(f)) => {
                         counters[FETCH_FOUND].fetch_add(1, Ordering::Relaxed);
@@ -643,16 +679,15 @@ impl ClusterContext for Watched {
     }
 
     fn synced(&self) -> bool {
-        self.health[..REQUIRED]
-            .iter()
-            .all(|h| h.synced.load(Ordering::Relaxed))
+        self.health.all().iter().all(|h| h.ready())
     }
 
     /// A resource the cluster does not serve has no series.
     fn status(&self) -> Vec<ResourceStatus> {
         self.health
+            .all()
             .iter()
-            .filter(|h| !h.not_served.load(Ordering::Relaxed))
+            .filter(|h| h.is_served())
             .map(|h| h.status())
             .collect()
     }

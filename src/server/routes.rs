@@ -128,7 +128,7 @@ async fn readyz(State(s): State<Arc<AppState>>, method: Method) -> Response {
             .cluster
             .status()
             .iter()
-            .filter(|r| !r.synced)
+            .filter(|r| !r.ready)
             .map(|r| r.resource)
             .collect();
         return text(

@@ -127,6 +127,22 @@ impl ResourceType {
             true,
         )
     }
+    pub fn nodes() -> Self {
+        // pkg/registry/core/node's NodeToSelectableFields.
+        ResourceType::new("", "v1", "nodes", "Node", false).with_fields(&["spec.unschedulable"])
+    }
+    pub fn resource_quotas() -> Self {
+        ResourceType::new("", "v1", "resourcequotas", "ResourceQuota", true)
+    }
+    pub fn device_classes() -> Self {
+        ResourceType::new(
+            "resource.k8s.io",
+            "v1",
+            "deviceclasses",
+            "DeviceClass",
+            false,
+        )
+    }
     pub fn policy_reports() -> Self {
         ResourceType::new(
             "wgpolicyk8s.io",
@@ -156,11 +172,29 @@ impl ResourceType {
             Self::leases(),
             Self::resource_claims(),
             Self::resource_claim_templates(),
+            Self::device_classes(),
+            Self::nodes(),
+            Self::resource_quotas(),
             Self::policy_reports(),
             Self::cluster_policy_reports(),
             Self::mutating_webhook_configurations(),
             Self::validating_webhook_configurations(),
         ]
+    }
+
+    /// DRA's three resources in `version` (`v1beta1`): a cluster of another Kubernetes
+    /// version, in place of the defaults' v1 ones.
+    pub fn dra(version: &str) -> Vec<Self> {
+        [
+            ("resourceclaims", "ResourceClaim", true),
+            ("resourceclaimtemplates", "ResourceClaimTemplate", true),
+            ("deviceclasses", "DeviceClass", false),
+        ]
+        .into_iter()
+        .map(|(plural, kind, namespaced)| {
+            ResourceType::new("resource.k8s.io", version, plural, kind, namespaced)
+        })
+        .collect()
     }
 }
 
