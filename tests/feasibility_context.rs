@@ -669,9 +669,9 @@ async fn until_idle(pid: u32) -> u64 {
 /// The figures: `tollgate serve`'s RSS once ready, with the cluster context off,
 /// on (against an empty cluster), and on with 5,000 nodes of 20 shapes (each node about
 /// 9 KB of JSON, as a kubelet keeps it); then every node's heartbeat rewritten once (the
-/// shapes unchanged), with the CPU that cost and the RSS after. Once the heartbeats are through, the nodes must cost
-/// within 10 MiB. A release build is what the figures in docs/operations.md are of:
-/// `TOLLGATE_BIN=target/release/tollgate cargo test --test feasibility_context memory --
+/// shapes unchanged), with the CPU that cost and the RSS after. The nodes must cost within
+/// 10 MiB, at ready and after. A release build is what the figures in docs/operations.md
+/// are of: `TOLLGATE_BIN=target/release/tollgate cargo test --test feasibility_context memory --
 /// --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
@@ -728,13 +728,13 @@ async fn memory_of_5000_nodes() {
         mib(after),
         mib(status_kib(pid, "VmHWM:"))
     );
-    // What the nodes cost once the server has worked a little: the pages the initial list
-    // passed through stay in the RSS of the idle worker threads that freed them until those
-    // threads allocate again (mimalloc purges lazily; `MIMALLOC_PURGE_DELAY=0` purges at
-    // once, at a cost to every review), so the figure at ready is printed, not held.
+    // Run as the image runs it (`MIMALLOC_PURGE_DELAY=0`, see the Dockerfile): without it,
+    // the pages the first list passed through stay in the RSS of the worker threads that
+    // freed them until those allocate again (56 MiB more at ready in a release build).
     assert!(
-        after < on_rss + 10 * 1024,
-        "5,000 nodes cost more than 10 MiB: {:.1} MiB",
-        mib(after - on_rss)
+        with.rss_kib < on_rss + 10 * 1024 && after < on_rss + 10 * 1024,
+        "5,000 nodes cost more than 10 MiB: {:.1} MiB at ready, {:.1} MiB after",
+        mib(with.rss_kib.saturating_sub(on_rss)),
+        mib(after.saturating_sub(on_rss))
     );
 }
