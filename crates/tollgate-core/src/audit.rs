@@ -382,6 +382,7 @@ pub fn judge(
         operation: Operation::Create,
         opt_out: None,
         template: false,
+        queued: false,
     };
     // Decided here only when neither webhook would (nothing mutated, nothing validated):
     // the opt-out is still reported.

@@ -197,15 +197,16 @@ impl Feasibility {
     }
 }
 
-/// Judges one pod (as it will be admitted: mutated and defaulted) in `namespace`.
-pub fn pod(pod: &Pod, namespace: &str, cluster: &dyn Cluster, template: bool) -> Feasibility {
+/// Judges one pod (as it will be admitted: mutated and defaulted) in `namespace`. `queued`:
+/// the pod is of a workload held to a Kueue queue the context knows, so its usage is
+/// measured whatever else the context knows (`kueue` judges the workload's pods in all).
+pub fn pod(pod: &Pod, namespace: &str, cluster: &dyn Cluster, queued: bool) -> Feasibility {
     let mut out = Feasibility::default();
     let quotas = cluster.resource_quotas(namespace);
     let nodes = cluster.nodes();
     let classes = cluster.device_classes();
-    // A template's usage is measured whatever the context knows: its workload's pods in
-    // all may be held to a Kueue ClusterQueue (`kueue`).
-    if !template && quotas.is_none() && nodes.is_none() && classes.is_none() {
+    // Nothing to judge it against: measuring what it asks for would be wasted.
+    if !queued && quotas.is_none() && nodes.is_none() && classes.is_none() {
         return out;
     }
     out.usage = Usage::of(pod);

@@ -464,6 +464,7 @@ fn review_pod(
         operation,
         opt_out: None,
         template: false,
+        queued: false,
     };
     let j = judge::pod(
         &subject,

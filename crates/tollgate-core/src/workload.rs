@@ -791,6 +791,8 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
         out.warnings.push(no_template_warning(w, &subject));
         return out;
     }
+    let queue = kueue_queue(w, cluster);
+    let queued = queue.is_some();
     let mut forged = vec![];
     let mut findings: Vec<(Finding<'_>, &Policy)> = vec![];
     let mut verdicts: Vec<Verdict> = vec![];
@@ -900,6 +902,7 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
                 operation: Operation::Create,
                 opt_out: Some(opt_out.clone()),
                 template: true,
+                queued,
             },
             cluster,
             &mut pod,
@@ -951,7 +954,7 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
     if !forged.is_empty() {
         verdicts.push(Verdict::ForgedApproval);
     }
-    let never = feasibility(w, cluster, &subject, &mut out);
+    let never = feasibility(w, cluster, &subject, queue.as_deref(), &mut out);
     if !never.is_empty() {
         verdicts.push(Verdict::Infeasible);
     }
@@ -1012,12 +1015,25 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
 /// Whether the workload's pods can run, from what each template's judgement found: what
 /// rules out one pod of a template, and the quotas held to its pods in all (at once for a
 /// kind whose pods must run together; otherwise they run in turns, which is only said).
+/// The Kueue queue a workload is submitted to (`kueue.x-k8s.io/queue-name`), where the
+/// context tracks Kueue's queues. Kueue admits a workload whole, within its LocalQueue's
+/// ClusterQueue: that, rather than the namespace's ResourceQuotas, is what its pods in all
+/// are held to. Without the queues (Kueue not installed, or not watched) the namespace's
+/// quotas are what tollgate can judge.
+fn kueue_queue(w: &Workload<'_>, cluster: &dyn Cluster) -> Option<String> {
+    labels_of(w.object)
+        .remove(feasible::KUEUE_QUEUE_LABEL)
+        .filter(|q| !q.is_empty())
+        .filter(|q| cluster.kueue_local_queue(w.who.namespace, q).is_some())
+}
+
 /// Every finding goes to `out.feasibility`, and its warnings to `out.warnings`; what
 /// refuses the workload (a finding of `never` under `enforce`) is returned, a line each.
 fn feasibility(
     w: &Workload<'_>,
     cluster: &dyn Cluster,
     subject: &str,
+    queue: Option<&str>,
     out: &mut Validated,
 ) -> Vec<String> {
     let mut found: Vec<(feasible::Finding, bool)> = vec![];
@@ -1025,14 +1041,6 @@ fn feasibility(
     // The quotas its pods are held to together: what they ask in all, how many they are,
     // and whether any of their policies enforces.
     let mut together: Vec<(Arc<ResourceQuota>, Usage, i128, bool)> = vec![];
-    // A workload submitted to Kueue is admitted whole, within its ClusterQueue's quota:
-    // that, rather than the namespace's ResourceQuotas, is what its pods in all are held to.
-    // Only where the context tracks Kueue's queues: without them (Kueue not installed, or
-    // not watched) the namespace's quotas are what tollgate can judge.
-    let queue = labels_of(w.object)
-        .remove(feasible::KUEUE_QUEUE_LABEL)
-        .filter(|q| !q.is_empty())
-        .filter(|q| cluster.kueue_local_queue(w.who.namespace, q).is_some());
     let mut kueue_total = Usage::default();
     let mut kueue_pods: i128 = 0;
     let mut kueue_enforce = false;

@@ -88,6 +88,7 @@ fn check_additions(policy: &Policy, source: &str, at: &str) -> Result<(), Policy
         // Its requests are judged, whatever the opt-out rules say.
         opt_out: Some(crate::optout::OptOut::NotRequested),
         template: false,
+        queued: false,
     };
     let j = super::pod(
         &subject,

@@ -65,6 +65,9 @@ pub struct Subject<'a, 'p> {
     /// A workload's template: whether its pods can run is found here, and worded by the
     /// workload for all its pods (how many, whether together); a pod's is decided here.
     pub template: bool,
+    /// A template of a workload held to a Kueue queue the context knows: what its pods ask
+    /// for is measured for the queue's ClusterQueue, whatever else the context knows.
+    pub queued: bool,
 }
 
 /// What the mutating webhook made of the pod.
@@ -152,7 +155,7 @@ pub fn pod(
             let opt_out = j.opt_out.take().unwrap_or_else(|| decide(pod));
             let mut d = validate::judge(policy, pod, &s.who, opt_out.clone());
             if policy.feasibility.mode != FeasibilityMode::Off && opt_out != OptOut::Honoured {
-                let f = feasible::pod(pod, s.who.namespace, cluster, s.template);
+                let f = feasible::pod(pod, s.who.namespace, cluster, s.queued);
                 if !s.template {
                     decide_feasibility(policy, pod, &f, &mut d);
                 }
