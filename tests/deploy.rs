@@ -764,6 +764,8 @@ fn cluster_context_rbac_is_read_only_and_exact() {
             "/namespaces",
             "/nodes",
             "/resourcequotas",
+            "kueue.x-k8s.io/clusterqueues",
+            "kueue.x-k8s.io/localqueues",
             "resource.k8s.io/deviceclasses",
             "resource.k8s.io/resourceclaims",
             "resource.k8s.io/resourceclaimtemplates",

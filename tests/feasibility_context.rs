@@ -289,6 +289,123 @@ async fn a_quota_added_makes_a_pod_refused() {
     server.running.shutdown().await;
 }
 
+/// Kueue's queues, served as `kueue.x-k8s.io/v1beta2` (as Kueue 0.14 and later serve them).
+fn kueue() -> Vec<ResourceType> {
+    vec![
+        ResourceType::new(
+            "kueue.x-k8s.io",
+            "v1beta2",
+            "localqueues",
+            "LocalQueue",
+            true,
+        ),
+        ResourceType::new(
+            "kueue.x-k8s.io",
+            "v1beta2",
+            "clusterqueues",
+            "ClusterQueue",
+            false,
+        ),
+    ]
+}
+
+/// A PyTorchJob of 4 workers with 4 GPUs each, submitted to LocalQueue `team-a`.
+fn queued_job() -> Value {
+    let worker = json!({"replicas": 4, "restartPolicy": "OnFailure", "template": {"spec": {
+        "containers": [{"name": "pytorch", "image": "registry.example.com/llm:2.3",
+            "resources": {
+                "requests": {"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": "4"},
+                "limits": {"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": "4"}}}]}}});
+    json!({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": "llm-pretrain", "namespace": NS,
+            "labels": {"kueue.x-k8s.io/queue-name": "team-a"}},
+        "spec": {"pytorchReplicaSpecs": {"Worker": worker}}})
+}
+
+/// Kueue's queues arrive by the watch, in the version the cluster serves: a workload
+/// naming a LocalQueue not there yet is allowed with a warning; once its ClusterQueue of
+/// 8 GPUs is there, the 16-GPU job is refused as a whole (not held to the namespace's
+/// ResourceQuota, which would let it in); a cohort with room to borrow lets it in again.
+/// A cluster without Kueue holds nothing up and says nothing of it.
+#[tokio::test]
+async fn kueue_queues_arriving_by_watch_hold_a_workload_to_its_cluster_queue() {
+    let api = ApiServer::builder()
+        .resources(ResourceType::defaults())
+        .resources(kueue())
+        .start()
+        .await;
+    api.insert(
+        "resourcequotas",
+        json!({"apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "roomy", "namespace": NS},
+            "spec": {"hard": {"requests.nvidia.com/gpu": "64"}}}),
+    );
+    let server = server_against(&api, ENFORCE, |_| {}).await;
+    let mut c = client(&server).await;
+    until("ready", async || ready(&mut c).await.0 == 200).await;
+    let job = queued_job();
+    let r = validate(&mut c, &job).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(warnings(&r).contains("team-a"), "{r}");
+
+    let cq = |spec: Value| {
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+            "metadata": {"name": "team-a"}, "spec": spec,
+            "status": {"pendingWorkloads": 2}})
+    };
+    let gpus = |nominal: &str, borrowing: Option<&str>| {
+        let mut r = json!({"name": "nvidia.com/gpu", "nominalQuota": nominal});
+        if let Some(b) = borrowing {
+            r["borrowingLimit"] = json!(b);
+        }
+        json!([{"coveredResources": ["nvidia.com/gpu"],
+            "flavors": [{"name": "a100", "resources": [r]}]}])
+    };
+    api.insert(
+        "localqueues",
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+            "metadata": {"name": "team-a", "namespace": NS},
+            "spec": {"clusterQueue": "team-a"}}),
+    );
+    api.insert(
+        "clusterqueues",
+        cq(json!({"resourceGroups": gpus("8", None)})),
+    );
+    until("the queues by the watch", async || {
+        validate(&mut c, &job).await["allowed"] == false
+    })
+    .await;
+    let r = validate(&mut c, &job).await;
+    assert!(refusal(&r).contains("team-a"), "{r}");
+    assert!(refusal(&r).contains("16"), "{r}");
+
+    api.insert(
+        "clusterqueues",
+        cq(json!({"cohortName": "research", "resourceGroups": gpus("8", Some("8"))})),
+    );
+    until("the cohort by the watch", async || {
+        validate(&mut c, &job).await["allowed"] == true
+    })
+    .await;
+    let metrics = [("resource", "clusterqueues")];
+    assert!(metric(&server, "tollgate_cluster_cache_objects", &metrics).await >= Some(1.0));
+    server.running.shutdown().await;
+
+    // No Kueue: the namespace's quota decides, and no series is kept of the queues.
+    let bare = ApiServer::start().await;
+    let server = server_against(&bare, ENFORCE, |_| {}).await;
+    let mut c = client(&server).await;
+    until("ready without Kueue", async || ready(&mut c).await.0 == 200).await;
+    let r = validate(&mut c, &job).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(!warnings(&r).contains("team-a"), "{r}");
+    assert_eq!(
+        metric(&server, "tollgate_cluster_cache_objects", &metrics).await,
+        None
+    );
+    server.running.shutdown().await;
+}
+
 /// The dra-trainer fixture's pod, in `NS`, its claim naming template `two-gpus`.
 fn dra_pod() -> Value {
     let v: Value = serde_json::from_slice(&common::fixture("dra-trainer.mutate.json")).unwrap();

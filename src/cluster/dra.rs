@@ -10,6 +10,9 @@
 //! the names are kept. A cluster that serves no version has no claims and no classes:
 //! nothing to wait for or to say, and discovery is asked again now and then, so that DRA
 //! enabled later is picked up.
+//!
+//! The same discovery and watch loop serve Kueue's queues, which come in versions too
+//! (`kueue.rs`).
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -39,21 +42,34 @@ const REDISCOVER: Duration = Duration::from_secs(300);
 
 /// The newest of [`DRA_API_VERSIONS`] the cluster serves (`resource.k8s.io/v1`), or None.
 pub async fn discover(client: &Client) -> Result<Option<&'static str>, kube::Error> {
+    newest_served(client, &DRA_API_VERSIONS).await
+}
+
+/// The first of `versions` (`group/version`, newest first, all of one group) the cluster
+/// serves, or None.
+pub async fn newest_served(
+    client: &Client,
+    versions: &[&'static str],
+) -> Result<Option<&'static str>, kube::Error> {
+    let name = versions
+        .first()
+        .and_then(|v| v.split_once('/'))
+        .map_or("", |(g, _)| g);
     let groups = client.list_api_groups().await?;
-    let Some(group) = groups.groups.iter().find(|g| g.name == GROUP) else {
+    let Some(group) = groups.groups.iter().find(|g| g.name == name) else {
         return Ok(None);
     };
-    Ok(DRA_API_VERSIONS
+    Ok(versions
         .iter()
         .find(|v| group.versions.iter().any(|gv| gv.group_version == **v))
         .copied())
 }
 
-/// A DRA resource of `api_version` (`resource.k8s.io/v1beta1`).
+/// A resource of `api_version` (`resource.k8s.io/v1beta1`, `kueue.x-k8s.io/v1beta2`).
 pub fn resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
-    let version = api_version.strip_prefix("resource.k8s.io/").unwrap_or("v1");
+    let (group, version) = api_version.split_once('/').unwrap_or((GROUP, "v1"));
     ApiResource {
-        group: GROUP.into(),
+        group: group.into(),
         version: version.into(),
         api_version: api_version.into(),
         kind: kind.into(),
@@ -61,21 +77,38 @@ pub fn resource(api_version: &str, kind: &str, plural: &str) -> ApiResource {
     }
 }
 
-/// What discovery last said, shared by the watches and the fetches.
+/// What discovery last said of one API group, shared by its watches and fetches.
 pub struct Discovery {
     client: Client,
+    /// The versions read, newest first (`group/version`).
+    versions: &'static [&'static str],
     /// When it was last asked, and its answer.
     last: Mutex<Option<(Instant, Option<&'static str>)>>,
     asking: tokio::sync::Mutex<()>,
 }
 
 impl Discovery {
+    /// DRA's: [`DRA_API_VERSIONS`].
     pub fn new(client: Client) -> Discovery {
+        Discovery::of(client, &DRA_API_VERSIONS)
+    }
+
+    /// Of the group of `versions` (newest first).
+    pub fn of(client: Client, versions: &'static [&'static str]) -> Discovery {
         Discovery {
             client,
+            versions,
             last: Mutex::new(None),
             asking: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The group asked about.
+    pub fn group(&self) -> &'static str {
+        self.versions
+            .first()
+            .and_then(|v| v.split_once('/'))
+            .map_or("", |(g, _)| g)
     }
 
     /// The last answer: None before discovery has answered; Some(None): no version served.
@@ -96,7 +129,7 @@ impl Discovery {
                 return Ok(v);
             }
         }
-        let v = discover(&self.client).await?;
+        let v = newest_served(&self.client, self.versions).await?;
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), v));
         Ok(v)
     }
@@ -194,7 +227,10 @@ pub async fn run<K: Send + 'static>(
                 continue;
             }
             Err(e) => {
-                health.failed(&format!("discovery of {GROUP}: {e}"), sink.len());
+                health.failed(
+                    &format!("discovery of {}: {e}", discovery.group()),
+                    sink.len(),
+                );
                 again = true;
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(REDISCOVER);
@@ -245,7 +281,7 @@ fn read_event<K>(
         let namespace = r.metadata.namespace.clone().unwrap_or_default();
         r.read(api_version, convert)
             .map_err(|e| {
-                warn!(kind, %namespace, %name, error = %e, "a DRA object the cluster context cannot read; left out");
+                warn!(kind, %namespace, %name, error = %e, "an object the cluster context cannot read; left out");
             })
             .ok()
     };

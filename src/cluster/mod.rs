@@ -9,6 +9,7 @@
 
 mod cache;
 pub mod dra;
+mod kueue;
 pub mod nodes;
 mod quotas;
 mod watch;
@@ -17,9 +18,9 @@ pub use quotas::trim as trim_quota;
 pub use watch::{Options, Watched};
 
 /// The resources the context watches, one cache each. A cluster may not serve some (DRA's
-/// before 1.34 or without DRA, Kubeflow Trainer's runtimes): while it does not, they have
+/// before 1.34 or without DRA, Kubeflow Trainer's runtimes, Kueue's queues): while it does not, they have
 /// no metric series and readiness does not wait for them.
-pub const RESOURCES: [&str; 8] = [
+pub const RESOURCES: [&str; 10] = [
     "resourceclaims",
     "resourceclaimtemplates",
     "namespaces",
@@ -28,6 +29,8 @@ pub const RESOURCES: [&str; 8] = [
     "deviceclasses",
     "trainingruntimes",
     "clustertrainingruntimes",
+    "localqueues",
+    "clusterqueues",
 ];
 
 use std::future::Future;

@@ -1,7 +1,8 @@
 //! The cluster context fed by watches: ResourceClaims, ResourceClaimTemplates and
 //! DeviceClasses (`dra.rs`: in the version the cluster serves), Namespaces, Nodes (by shape:
-//! `nodes.rs`), ResourceQuotas (by namespace: `quotas.rs`), and Kubeflow Trainer's
-//! TrainingRuntimes and ClusterTrainingRuntimes, each fed by a kube watcher through
+//! `nodes.rs`), ResourceQuotas (by namespace: `quotas.rs`), Kubeflow Trainer's
+//! TrainingRuntimes and ClusterTrainingRuntimes, and Kueue's LocalQueues and ClusterQueues
+//! (`kueue.rs`: in the version the cluster serves), each fed by a kube watcher through
 //! `cache::drive`.
 //!
 //! - Reviews read the caches and never wait on them. A claim, template, namespace or
@@ -9,20 +10,21 @@
 //!   review's handler calls [`ClusterContext::fetch`]: one GET per object, all at once,
 //!   bounded by `--cluster-fetch-timeout-ms`. What a GET found is kept for a minute (the
 //!   watch catches up meanwhile), what it found absent for five seconds, so that 64 pods of
-//!   one Job do not fetch one template 64 times. Nodes, quotas and DeviceClasses are never
-//!   fetched: until their caches sync, feasibility says it could not check them.
+//!   one Job do not fetch one template 64 times. Nodes, quotas, DeviceClasses and Kueue's
+//!   queues are never fetched: until their caches sync, feasibility says it could not check
+//!   them.
 //! - A broken watch keeps the last state: kube's watcher retries with backoff (and relists
 //!   after a 410), and a cache is only replaced once a relist is complete. Each failure is
 //!   logged and counted; [`ResourceStatus`] says how far behind the cluster each cache may
 //!   be.
 //! - Stored objects are trimmed to what reviews read: no managedFields, no claim status,
 //!   a node's shape only, a quota's spec and `status.used`, a DeviceClass's name.
-//! - What the cluster does not serve (404: no DRA at all, no Kubeflow Trainer) is "not
+//! - What the cluster does not serve (404: no DRA at all, no Kubeflow Trainer, no Kueue) is "not
 //!   served": logged once, no metric series, not waited for; the watch (or discovery, for
 //!   DRA) keeps retrying so that it is picked up once it is. What the RBAC forbids (403)
 //!   keeps its series and its warnings (the stale alert fires), and readiness stops
-//!   waiting for it where tollgate can do without it: nodes, quotas and DeviceClasses
-//!   (feasibility then says nothing of them), not claims, templates or namespaces, which
+//!   waiting for it where tollgate can do without it: nodes, quotas, DeviceClasses and
+//!   Kueue's queues (feasibility then says nothing of them), not claims, templates or namespaces, which
 //!   decide what a pod is given. Readiness never waits for the runtimes: before their
 //!   caches sync, a TrainJob's runtime is fetched like any object the caches do not hold,
 //!   and one tollgate cannot know is a warning, never a refusal.
@@ -52,6 +54,7 @@ use super::cache::{
     drive, Health, Readiness, Reflected, Sink, FETCH_ABSENT, FETCH_FAILED, FETCH_FOUND,
 };
 use super::dra::{self, ClassSink, Discovery, Raw};
+use super::kueue::{self, QueueSink, Queues, KUEUE_API_VERSIONS};
 use super::nodes::{NodeSink, NodeView};
 use super::quotas::{self, QuotaSink};
 use super::{BoxFuture, ClusterContext, ResourceStatus};
@@ -76,6 +79,7 @@ pub struct Options {
 const NO_DRA: &str = "the cluster serves no resource.k8s.io version tollgate reads (v1, v1beta2, v1beta1): no pod there claims devices, and discovery is asked again every 5 minutes";
 const NO_TRAINER: &str = "Kubeflow Trainer is not installed; TrainJobs naming a runtime are allowed with a warning until it is";
 const NO_FEASIBILITY: &str = "feasibility says nothing of it until it does";
+const NO_KUEUE: &str = "the cluster serves no kueue.x-k8s.io version tollgate reads (v1, v1beta2, v1beta1): workloads are held to their namespace's ResourceQuotas, and discovery is asked again every 5 minutes";
 
 /// The caches' health, one per watch.
 struct Healths {
@@ -87,11 +91,13 @@ struct Healths {
     classes: Arc<Health>,
     runtimes: Arc<Health>,
     cluster_runtimes: Arc<Health>,
+    local_queues: Arc<Health>,
+    cluster_queues: Arc<Health>,
 }
 
 impl Healths {
     fn new() -> Healths {
-        let [claims, templates, namespaces, nodes, quotas, classes, runtimes, cluster_runtimes] =
+        let [claims, templates, namespaces, nodes, quotas, classes, runtimes, cluster_runtimes, local_queues, cluster_queues] =
             super::RESOURCES;
         let h = |r, readiness, note| Arc::new(Health::new(r, readiness, note));
         Healths {
@@ -103,11 +109,13 @@ impl Healths {
             classes: h(classes, Readiness::UnlessUnavailable, NO_DRA),
             runtimes: h(runtimes, Readiness::Never, NO_TRAINER),
             cluster_runtimes: h(cluster_runtimes, Readiness::Never, NO_TRAINER),
+            local_queues: h(local_queues, Readiness::UnlessUnavailable, NO_KUEUE),
+            cluster_queues: h(cluster_queues, Readiness::UnlessUnavailable, NO_KUEUE),
         }
     }
 
     /// In the order of [`super::RESOURCES`].
-    fn all(&self) -> [&Arc<Health>; 8] {
+    fn all(&self) -> [&Arc<Health>; 10] {
         [
             &self.claims,
             &self.templates,
@@ -117,6 +125,8 @@ impl Healths {
             &self.classes,
             &self.runtimes,
             &self.cluster_runtimes,
+            &self.local_queues,
+            &self.cluster_queues,
         ]
     }
 
@@ -142,6 +152,8 @@ pub struct Watched {
     nodes: Arc<ArcSwap<Nodes>>,
     quotas: Arc<RwLock<quotas::ByNamespace>>,
     device_classes: Arc<ArcSwap<BTreeSet<String>>>,
+    local_queues: Arc<ArcSwap<Queues>>,
+    cluster_queues: Arc<ArcSwap<Queues>>,
     /// The DRA version the cluster serves, for the fetches.
     dra: Arc<Discovery>,
     health: Healths,
@@ -385,6 +397,24 @@ impl Watched {
             &health.cluster_runtimes,
             |_: &mut Runtime<ClusterScoped>| {},
         );
+        let kueue_versions = Arc::new(Discovery::of(client.clone(), &KUEUE_API_VERSIONS));
+        let queues = |kind, plural, health: &Arc<Health>| {
+            let published = Arc::new(ArcSwap::from_pointee(Queues::new()));
+            let task = tokio::spawn(dra::run(
+                client.clone(),
+                kueue_versions.clone(),
+                dra::Watch {
+                    kind,
+                    plural,
+                    convert: kueue::queue,
+                },
+                health.clone(),
+                QueueSink::new(published.clone()),
+            ));
+            (published, task)
+        };
+        let (local_queues, t9) = queues("LocalQueue", "localqueues", &health.local_queues);
+        let (cluster_queues, t10) = queues("ClusterQueue", "clusterqueues", &health.cluster_queues);
         Watched {
             client,
             claims,
@@ -395,11 +425,13 @@ impl Watched {
             nodes,
             quotas,
             device_classes,
+            local_queues,
+            cluster_queues,
             dra: discovery,
             health,
             recent: Mutex::new(Recent::default()),
             options,
-            tasks: vec![t1, t2, t3, t4, t5, t6, t7, t8],
+            tasks: vec![t1, t2, t3, t4, t5, t6, t7, t8, t9, t10],
         }
     }
 
@@ -617,6 +649,39 @@ impl Cluster for Watched {
         self.health
             .classes
             .known(|| self.device_classes.load_full())
+    }
+
+    fn kueue_local_queue(&self, namespace: &str, name: &str) -> Option<Lookup<Arc<Value>>> {
+        queue(
+            &self.health.local_queues,
+            &self.local_queues,
+            namespace,
+            name,
+        )
+    }
+
+    fn kueue_cluster_queue(&self, name: &str) -> Option<Lookup<Arc<Value>>> {
+        queue(&self.health.cluster_queues, &self.cluster_queues, "", name)
+    }
+}
+
+/// A queue from its cache: None while the cluster serves no Kueue (or the RBAC forbids
+/// reading it), unknown before the cache has synced.
+fn queue(
+    health: &Health,
+    queues: &ArcSwap<Queues>,
+    namespace: &str,
+    name: &str,
+) -> Option<Lookup<Arc<Value>>> {
+    match health.known(|| ())? {
+        Lookup::Found(()) => Some(
+            queues
+                .load()
+                .get(&(namespace.to_owned(), name.to_owned()))
+                .map_or(Lookup::Absent, |q| Lookup::Found(q.clone())),
+        ),
+        Lookup::Absent => Some(Lookup::Absent),
+        Lookup::Unknown => Some(Lookup::Unknown),
     }
 }
 
