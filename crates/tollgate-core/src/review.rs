@@ -466,7 +466,7 @@ fn review_pod(
         template: false,
         queued: false,
     };
-    let j = judge::pod(
+    let mut j = judge::pod(
         &subject,
         cluster,
         &mut pod,
@@ -484,7 +484,7 @@ fn review_pod(
             }
         }
         Stages::Validate => {
-            validation_answer(&mut reviewed, &j, warning);
+            validation_answer(&mut reviewed, &mut j, warning);
             Staged {
                 mutate: None,
                 validate: Some(reviewed),
@@ -493,7 +493,7 @@ fn review_pod(
         Stages::Both => {
             let mut validated = reviewed.as_endpoint(Endpoint::Validate);
             mutation_answer(&mut reviewed, &j, warning.clone(), ambiguous, body);
-            validation_answer(&mut validated, &j, warning);
+            validation_answer(&mut validated, &mut j, warning);
             Staged {
                 mutate: Some(reviewed),
                 validate: Some(validated),
@@ -538,13 +538,15 @@ fn mutation_answer(
 }
 
 /// The validating webhook's answer for a pod, from its judgement.
-fn validation_answer(out: &mut Reviewed, j: &Judgement, profile_warning: Option<String>) {
+/// Takes the decision out of `j` (the mutating webhook's answer, when there is one, is
+/// drawn first).
+fn validation_answer(out: &mut Reviewed, j: &mut Judgement, profile_warning: Option<String>) {
     let mut review = PodReview::default();
     let mut warnings: Vec<String> = profile_warning.into_iter().collect();
-    if let Some(d) = &j.validation {
+    if let Some(d) = j.validation.take() {
         review.verdict = Some(d.verdict);
-        review.opt_out.clone_from(&d.opt_out);
-        review.missing.clone_from(&d.missing);
+        review.opt_out = d.opt_out;
+        review.missing = d.missing;
         if !d.allowed {
             out.outcome = Outcome::Denied;
             out.response.allowed = false;
@@ -552,12 +554,12 @@ fn validation_answer(out: &mut Reviewed, j: &Judgement, profile_warning: Option<
                 Status::failure(d.message.as_deref().unwrap_or("denied"), "Forbidden")
                     .with_code(403);
         }
-        warnings.extend(d.warnings.iter().cloned());
-        out.response.audit_annotations = d
-            .audit_annotations
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        if warnings.is_empty() {
+            warnings = d.warnings;
+        } else {
+            warnings.extend(d.warnings);
+        }
+        out.response.audit_annotations = d.audit_annotations.into_iter().collect();
     }
     if !warnings.is_empty() {
         out.response.warnings = Some(warnings);

@@ -177,6 +177,10 @@ pub fn pod(
 /// run is refused (its lines after any other reason), under `warn` it is told; a quota in
 /// use now, and what tollgate did not know, are warnings either way.
 fn decide_feasibility(policy: &Policy, pod: &Pod, f: &Feasibility, d: &mut Decision) {
+    // Nearly every pod: nothing to say, and no name to format for it.
+    if f.findings.is_empty() && f.unknown.is_empty() {
+        return;
+    }
     let subject = format!("pod {}", quote(&crate::pod::display_name(pod)));
     let enforce = policy.feasibility.mode == FeasibilityMode::Enforce;
     let mut lines = String::new();
