@@ -2,7 +2,7 @@
 //! golden pods judged as `tollgate review` and the goldens judge them, the three output
 //! formats, the exit statuses and their one-line errors, paged lists with flat memory.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -1025,7 +1025,7 @@ async fn memory_stays_flat_from_5000_to_20000_pods() {
 }
 
 /// The figure: 5,000 against 50,000 pods, in five namespaces (two pages each, then
-/// twenty). About 40 s in a debug build: run with `cargo test --test audit -- --ignored`;
+/// twenty). About 40 s in a debug build: run with `cargo test --test integration audit:: -- --ignored`;
 /// `TOLLGATE_AUDIT_BIN=target/release/tollgate` measures a release binary instead, and
 /// `TOLLGATE_AUDIT_SIZES=5000,20000,50000` other sizes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

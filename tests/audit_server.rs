@@ -3,7 +3,7 @@
 //! `tollgate_audit_*` metrics; one writer at a time under the Lease, with two servers on
 //! one stand-in told apart by their bearer tokens in its request log; the pacing.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -490,7 +490,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 /// a stand-in holding 20,000 pods, answering 3,000 reviews one after another over one
 /// HTTP/2 connection with no audit, with the audit at its default rate and with it
 /// unpaced. Prints latencies, the server's CPU and the audit's cost per object. Run with
-/// `cargo test --test audit_server -- --ignored --nocapture`.
+/// `cargo test --test integration audit_server:: -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn review_latency_with_and_without_a_background_audit() {

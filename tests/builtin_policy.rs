@@ -1,7 +1,7 @@
 //! The built-in policy: without `--policy`, `serve` and `review` run `policies/default.yaml`
 //! as compiled into the binary, from any directory; `--policy FILE` still wins.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -1,6 +1,6 @@
 //! `tollgate review`, `tollgate certs` and `tollgate export` as users run them.
 
-mod common;
+use crate::common;
 
 use std::io::Write as _;
 use std::process::{Command, Output, Stdio};

@@ -2,7 +2,7 @@
 //! cluster runs (kube's client, watcher and reflector; real TLS to the webhook), over the
 //! protocol the stand-in holds to (pages, watches, bookmarks, 410s, faults).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //!
 //! Every test that renders needs `kubectl` on PATH; without it they print why and pass.
 
-mod common;
+use crate::common;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

@@ -24,7 +24,7 @@
 //! user name full of characters the messages escape, with 100 groups; the requests
 //! placed in each profile's namespaces and labels so that every policy is judged in scope.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

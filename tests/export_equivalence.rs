@@ -10,7 +10,7 @@
 //! annotations. The generator is the deterministic PRNG of tests/mutation_props.rs; the
 //! first disagreement is printed with its seed, policy, requester and pod.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -12,7 +12,7 @@
 //! against the schema (it fetches `/openapi/v2` for that, which the test checks it did).
 //! Without kubectl on PATH the test prints SKIPPED and passes, as tests/deploy.rs does.
 
-mod common;
+use crate::common;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

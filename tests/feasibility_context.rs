@@ -6,7 +6,7 @@
 //!
 //! `memory_of_5000_nodes` (ignored) measures what the caches cost a real `tollgate serve`.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -788,7 +788,7 @@ async fn until_idle(pid: u32) -> u64 {
 /// 9 KB of JSON, as a kubelet keeps it); then every node's heartbeat rewritten once (the
 /// shapes unchanged), with the CPU that cost and the RSS after. The nodes must cost within
 /// 10 MiB, at ready and after. A release build is what the figures in docs/operations.md
-/// are of: `TOLLGATE_BIN=target/release/tollgate cargo test --test feasibility_context memory --
+/// are of: `TOLLGATE_BIN=target/release/tollgate cargo test --test integration feasibility_context::memory --
 /// --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]

@@ -23,10 +23,10 @@
 //! touches nothing but tollgate's opt-out approval in its templates), and that a second
 //! pass over the mutated object yields no patch.
 //!
-//! Goldens are only rewritten with `TOLLGATE_BLESS=1 cargo test --test golden`. A missing or
+//! Goldens are only rewritten with `TOLLGATE_BLESS=1 cargo test --test integration golden::`. A missing or
 //! outdated golden file, or one the case does not produce, fails the test.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -16,9 +16,8 @@
 //!   schemas (tests/support/k8s_schema.rs).
 //! - values.schema.json refuses a wrong value at install, naming it.
 
-mod common;
-#[path = "support/k8s_schema.rs"]
-mod k8s_schema;
+use crate::common;
+use crate::k8s_schema;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;

@@ -1,6 +1,6 @@
 //! The HTTP surface through `router()`, without a socket: routes, methods, bad bodies.
 
-mod common;
+use crate::common;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};

@@ -2,7 +2,7 @@
 //! every module imports only from the layers below it, as the tables in
 //! docs/architecture.md say. A new module must be placed in a table before it builds green.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -5,7 +5,7 @@
 //! Timeouts here are short so that the tests are quick; the bounds on waiting are generous
 //! safety nets, never performance assertions.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::pin::Pin;

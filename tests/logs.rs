@@ -1,7 +1,7 @@
 //! The real binary's log lines: one per review with the fields an operator searches by, no
 //! pod spec, opt-out decisions with who and where, reload failures, and the text format.
 
-mod common;
+use crate::common;
 
 use common::net::Client;
 use common::process;

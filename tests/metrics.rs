@@ -1,6 +1,6 @@
 //! Every metric end to end: real reviews over TLS, then a scrape of the real metrics port.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -4,7 +4,7 @@
 //!
 //! The rendering tests need `kubectl` on PATH; without it they print why and pass.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::io::Write as _;

@@ -1,6 +1,6 @@
 //! The README is part of the product: its set-up commands and CLI reference must stay true.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -1,7 +1,7 @@
 //! Inputs found by fuzzing (`fuzz/`), each kept as a test with the input inline, beside
 //! the fix it led to.
 
-mod common;
+use crate::common;
 
 use serde_json::{json, Value};
 use tollgate_core::policy::{Policy, SidecarMode};

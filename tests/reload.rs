@@ -2,7 +2,7 @@
 //! symlink that the kubelet points at a new timestamped directory on every update.
 #![cfg(unix)]
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};

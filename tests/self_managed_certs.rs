@@ -6,7 +6,7 @@
 //! caBundle the webhook configuration holds at that moment). Every request the servers
 //! made is held to the RBAC that deploy/overlays/self-managed renders.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

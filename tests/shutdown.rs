@@ -3,7 +3,7 @@
 //! HTTP/2), and exits 0 within shutdown delay + drain timeout.
 #![cfg(unix)]
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::pin::Pin;

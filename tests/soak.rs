@@ -3,10 +3,10 @@
 //! clients mixed in, while its certificate is rotated and its policy reloaded. Every valid
 //! review must get the right answer, and the process's memory must come back down.
 //!
-//! A few seconds by default; `TOLLGATE_SOAK_SECS=300 cargo test --test soak -- --nocapture`
+//! A few seconds by default; `TOLLGATE_SOAK_SECS=300 cargo test --test integration soak:: -- --nocapture`
 //! for a long run. Bounded in time and in requests, and it stops by itself.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};

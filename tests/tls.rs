@@ -1,7 +1,7 @@
 //! The real server over a socket: TLS, HTTP/1.1 and HTTP/2, certificate reload, client
 //! certificates, and shutdown.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

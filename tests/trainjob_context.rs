@@ -2,7 +2,7 @@
 //! a ClusterTrainingRuntime that arrives by the watch, one fetched because the watch had
 //! not delivered it, one that does not exist, and a cluster without Kubeflow Trainer.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
