@@ -703,7 +703,7 @@ const OPT_OUT_VALUES: &[&str] = &[
 ];
 
 fn gen_policy(rng: &mut Rng) -> Policy {
-    let mut p = Policy::builtin();
+    let mut p = common::builtin_policy();
     let v = &mut p.validation;
     v.enabled = !rng.chance(8);
     v.mode = *rng.pick(&[Mode::Enforce, Mode::Enforce, Mode::Warn, Mode::Audit]);

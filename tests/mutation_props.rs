@@ -5,6 +5,7 @@
 //! and the pod so that it can be replayed as a unit test.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::OnceLock;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -16,6 +17,8 @@ use tollgate_core::policy::{Policy, SidecarMode};
 use tollgate_core::profile::PodLabels;
 use tollgate_core::quantity;
 use tollgate_core::review::{review_bytes_with, Endpoint};
+
+use crate::common;
 
 const CASES: u64 = 1500;
 
@@ -284,7 +287,13 @@ fn add_claims(rng: &mut Rng, spec: &mut Value) {
 /// A policy whose second profile fits every generated pod (they are Job pods in `ml`),
 /// changing a map (per-GPU defaults), a value (the sidecar mode) and a list (the classes'
 /// tolerations), behind one that never fits.
+/// Loaded once (each load checks the profiles' additions), a clone per case.
 fn with_profiles() -> Policy {
+    static LOADED: OnceLock<Policy> = OnceLock::new();
+    LOADED.get_or_init(load_with_profiles).clone()
+}
+
+fn load_with_profiles() -> Policy {
     Policy::from_text(
         "profiles.yaml",
         "profiles:
@@ -560,7 +569,7 @@ fn generated_reviews_patch_cleanly() {
         let policy = if profiled {
             with_profiles()
         } else {
-            Policy::builtin()
+            common::builtin_policy()
         };
         let mut rng = Rng::new(seed ^ 0xDEAD_BEEF);
         let object = gen_pod(&mut rng);
@@ -659,7 +668,7 @@ fn apiserver_fixtures_are_idempotent_under_every_policy() {
 /// A policy with random toggles: steps on or off, per-GPU defaults, classic or native
 /// sidecar, every extended resource a GPU or not, and random required requests.
 fn gen_policy(rng: &mut Rng) -> Policy {
-    let mut p = Policy::builtin();
+    let mut p = common::builtin_policy();
     let m = &mut p.mutation;
     m.gpu_tolerations.enabled = rng.chance(80);
     m.driver_mounts.enabled = rng.chance(80);

@@ -31,6 +31,13 @@ pub fn load_policy(path: &Path) -> Policy {
     Policy::from_text(&path.display().to_string(), &text).unwrap()
 }
 
+/// `Policy::builtin()`, loaded once: a load checks each profile's additions against its
+/// validation, which the generated cases (thousands of policies) need not repeat.
+pub fn builtin_policy() -> Policy {
+    static BUILTIN: std::sync::OnceLock<Policy> = std::sync::OnceLock::new();
+    BUILTIN.get_or_init(Policy::builtin).clone()
+}
+
 pub fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(root().join("tests/fixtures/apiserver-v1.36").join(name)).unwrap()
 }
