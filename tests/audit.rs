@@ -1307,12 +1307,7 @@ async fn audit_reports_what_can_never_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_of_a_cluster_serving_dra_v1beta1_are_read_as_v1() {
     let api = ApiServer::builder()
-        .resources(
-            ResourceType::defaults()
-                .into_iter()
-                .filter(|r| r.group != "resource.k8s.io"),
-        )
-        .resources(ResourceType::dra("v1beta1"))
+        .resources(ResourceType::defaults_with_dra("v1beta1"))
         .start()
         .await;
     let kubeconfig = tempfile::NamedTempFile::new().unwrap();

@@ -4,10 +4,10 @@
 
 use crate::common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use apiserver::{ApiServer, Fault, Verb};
-use common::net::{self, Client, TestServer};
+use common::net::{self, metric, ready, until, Client, TestServer};
 use serde_json::{json, Value};
 use tollgate::server::ClusterOptions;
 use tollgate_apiserver_standin as apiserver;
@@ -52,22 +52,6 @@ async fn server_against(
     .await
 }
 
-async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
-    let start = Instant::now();
-    while !f().await {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-async fn ready(c: &mut Client) -> (u16, String) {
-    let (status, body) = c.request("GET", "/readyz", vec![]).await.unwrap();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
-
 /// The review's response, with the patch decoded.
 async fn mutate(c: &mut Client, body: Vec<u8>) -> Value {
     let (status, bytes) = c.post("/mutate", body).await;
@@ -79,12 +63,6 @@ async fn mutate(c: &mut Client, body: Vec<u8>) -> Value {
         v["response"]["patch"] = serde_json::from_slice(&ops).unwrap();
     }
     v["response"].take()
-}
-
-/// One series of the server's metrics, scraped now.
-async fn metric(server: &TestServer, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let text = net::get_metrics(server.running.metrics_addr.unwrap()).await;
-    common::scrape::value(&common::scrape::parse(&text), name, labels)
 }
 
 /// The count of fetches of claim templates that ended with `result`.

@@ -11,7 +11,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use apiserver::{ApiServer, Fault, ResourceType, Verb};
-use common::net::{self, Client, TestServer};
+use common::net::{self, metric, ready, until, warnings, Client, TestServer};
 use serde_json::{json, Value};
 use tollgate::server::{AuditOptions, ClusterOptions};
 use tollgate_apiserver_standin as apiserver;
@@ -53,27 +53,6 @@ async fn server_against(
 
 async fn client(server: &TestServer) -> Client {
     Client::connect(server.addr(), &server.ca_pem, false).await
-}
-
-async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
-    let start = Instant::now();
-    while !f().await {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-async fn ready(c: &mut Client) -> (u16, String) {
-    let (status, body) = c.request("GET", "/readyz", vec![]).await.unwrap();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
-
-async fn metric(server: &TestServer, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let text = net::get_metrics(server.running.metrics_addr.unwrap()).await;
-    common::scrape::value(&common::scrape::parse(&text), name, labels)
 }
 
 /// A node of `gpus` GPUs, tainted for GPU pods, with `labels` besides its hostname.
@@ -123,16 +102,6 @@ async fn validate(c: &mut Client, pod: &Value) -> Value {
     assert_eq!(status, 200);
     let mut v: Value = serde_json::from_slice(&bytes).unwrap();
     v["response"].take()
-}
-
-fn warnings(response: &Value) -> String {
-    response["warnings"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 fn refusal(response: &Value) -> &str {
@@ -470,12 +439,7 @@ async fn a_device_class_added_makes_a_dra_pod_allowed() {
 #[tokio::test]
 async fn a_cluster_serving_dra_v1beta1_only() {
     let api = ApiServer::builder()
-        .resources(
-            ResourceType::defaults()
-                .into_iter()
-                .filter(|r| r.group != "resource.k8s.io"),
-        )
-        .resources(ResourceType::dra("v1beta1"))
+        .resources(ResourceType::defaults_with_dra("v1beta1"))
         .start()
         .await;
     api.insert(

@@ -4,10 +4,10 @@
 
 use crate::common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use apiserver::{ApiServer, Fault, ResourceType, Verb};
-use common::net::{self, Client, TestServer};
+use common::net::{self, until, warnings, Client, TestServer};
 use serde_json::{json, Value};
 use tollgate::server::ClusterOptions;
 use tollgate_apiserver_standin as apiserver;
@@ -98,32 +98,11 @@ async fn server_against(api: &ApiServer) -> TestServer {
     server
 }
 
-async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
-    let start = Instant::now();
-    while !f().await {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
 async fn validate(c: &mut Client, body: Vec<u8>) -> Value {
     let (status, bytes) = c.post("/validate", body).await;
     assert_eq!(status, 200);
     let mut v: Value = serde_json::from_slice(&bytes).unwrap();
     v["response"].take()
-}
-
-fn warnings(response: &Value) -> String {
-    response["warnings"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 async fn ready(c: &mut Client) -> bool {

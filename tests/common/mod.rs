@@ -62,6 +62,41 @@ pub fn default_state() -> Arc<AppState> {
 
 /// A real server on 127.0.0.1 with throwaway certificates, and clients that speak to it.
 pub mod net {
+
+    /// Polls `f` every 25 ms until it holds; fails the test after 20 s, naming `what`.
+    pub async fn until(what: &str, mut f: impl AsyncFnMut() -> bool) {
+        let start = std::time::Instant::now();
+        while !f().await {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(20),
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+    }
+
+    /// `/readyz`: its status and body.
+    pub async fn ready(c: &mut Client) -> (u16, String) {
+        let (status, body) = c.request("GET", "/readyz", vec![]).await.unwrap();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// One series of the server's metrics, scraped now.
+    pub async fn metric(server: &TestServer, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let text = get_metrics(server.running.metrics_addr.unwrap()).await;
+        super::scrape::value(&super::scrape::parse(&text), name, labels)
+    }
+
+    /// A review response's warnings, one per line.
+    pub fn warnings(response: &serde_json::Value) -> String {
+        response["warnings"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(serde_json::Value::as_str)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
     use std::net::SocketAddr;
     use std::path::PathBuf;
     use std::sync::Arc;

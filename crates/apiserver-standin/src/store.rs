@@ -182,6 +182,16 @@ impl ResourceType {
         ]
     }
 
+    /// [`ResourceType::defaults`] with DRA served in `version` alone, as a 1.33 cluster
+    /// serves it (`v1beta1`).
+    pub fn defaults_with_dra(version: &str) -> Vec<Self> {
+        Self::defaults()
+            .into_iter()
+            .filter(|r| r.group != "resource.k8s.io")
+            .chain(Self::dra(version))
+            .collect()
+    }
+
     /// DRA's three resources in `version` (`v1beta1`): a cluster of another Kubernetes
     /// version, in place of the defaults' v1 ones.
     pub fn dra(version: &str) -> Vec<Self> {
