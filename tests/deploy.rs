@@ -846,64 +846,9 @@ fn arg_present(container: &Value, flag: &str) -> bool {
         .any(|a| a == flag)
 }
 
-/// What the component gives the audit, as (apiGroup/resource, verb, resourceName) grants of
-/// the Roles and ClusterRoles bound to tollgate's service account, with the namespace a
-/// Role's grants hold in (None: a ClusterRole's, everywhere).
-fn grants(docs: &[Value]) -> Vec<(Option<String>, String, String, Option<String>)> {
-    let bound = |kind: &str, name: &str, ns: Option<&str>| {
-        docs.iter().any(|b| {
-            b["kind"]
-                == if kind == "Role" {
-                    "RoleBinding"
-                } else {
-                    "ClusterRoleBinding"
-                }
-                && b["roleRef"]["kind"] == kind
-                && b["roleRef"]["name"] == name
-                && ns.is_none_or(|n| b["metadata"]["namespace"] == n)
-                && b["subjects"].as_array().unwrap().iter().any(|s| {
-                    s["kind"] == "ServiceAccount"
-                        && s["name"] == "tollgate"
-                        && s["namespace"] == NAMESPACE
-                })
-        })
-    };
-    let mut out = vec![];
-    for role in docs
-        .iter()
-        .filter(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole")
-    {
-        let kind = role["kind"].as_str().unwrap();
-        let name = role["metadata"]["name"].as_str().unwrap();
-        let ns = role["metadata"]["namespace"].as_str();
-        if !bound(kind, name, ns) {
-            continue;
-        }
-        for rule in role["rules"].as_array().unwrap() {
-            let names: Vec<Option<String>> = match rule["resourceNames"].as_array() {
-                Some(n) => n
-                    .iter()
-                    .map(|x| Some(x.as_str().unwrap().to_owned()))
-                    .collect(),
-                None => vec![None],
-            };
-            for g in rule["apiGroups"].as_array().unwrap() {
-                for r in rule["resources"].as_array().unwrap() {
-                    for v in rule["verbs"].as_array().unwrap() {
-                        for n in &names {
-                            out.push((
-                                ns.map(str::to_owned),
-                                format!("{}/{}", g.as_str().unwrap(), r.as_str().unwrap()),
-                                v.as_str().unwrap().to_owned(),
-                                n.clone(),
-                            ));
-                        }
-                    }
-                }
-            }
-        }
-    }
-    out
+/// What the manifests grant tollgate's service account (`common::rbac::Grant`s).
+fn grants(docs: &[Value]) -> Vec<common::rbac::Grant> {
+    common::rbac::grants(docs, "tollgate", NAMESPACE)
 }
 
 /// deploy/components/policy-reports turns the audit on with what it needs and nothing
@@ -1143,12 +1088,13 @@ async fn every_request_of_the_audit_is_granted_by_the_rbac() {
         };
         let key = format!("{group}/{resource}");
         let verb = r.verb.as_str();
-        let ok = granted.iter().any(|(ns, res, v, name)| {
-            *res == key
-                && v == verb
-                && ns.as_ref().is_none_or(|n| r.namespace.as_ref() == Some(n))
-                && name.as_ref().is_none_or(|n| r.name.as_ref() == Some(n))
-        });
+        let ok = common::rbac::allows(
+            &granted,
+            &key,
+            verb,
+            r.namespace.as_deref(),
+            r.name.as_deref(),
+        );
         assert!(
             ok,
             "{verb} {key} in {:?} ({:?}) is not granted",
