@@ -51,10 +51,7 @@ pub async fn newest_served(
     client: &Client,
     versions: &[&'static str],
 ) -> Result<Option<&'static str>, kube::Error> {
-    let name = versions
-        .first()
-        .and_then(|v| v.split_once('/'))
-        .map_or("", |(g, _)| g);
+    let name = group_of(versions);
     let groups = client.list_api_groups().await?;
     let Some(group) = groups.groups.iter().find(|g| g.name == name) else {
         return Ok(None);
@@ -63,6 +60,14 @@ pub async fn newest_served(
         .iter()
         .find(|v| group.versions.iter().any(|gv| gv.group_version == **v))
         .copied())
+}
+
+/// The API group of `versions` (`group/version`, all of one group).
+fn group_of(versions: &[&'static str]) -> &'static str {
+    versions
+        .first()
+        .and_then(|v| v.split_once('/'))
+        .map_or("", |(g, _)| g)
 }
 
 /// A resource of `api_version` (`resource.k8s.io/v1beta1`, `kueue.x-k8s.io/v1beta2`).
@@ -105,10 +110,7 @@ impl Discovery {
 
     /// The group asked about.
     pub fn group(&self) -> &'static str {
-        self.versions
-            .first()
-            .and_then(|v| v.split_once('/'))
-            .map_or("", |(g, _)| g)
+        group_of(self.versions)
     }
 
     /// The last answer: None before discovery has answered; Some(None): no version served.

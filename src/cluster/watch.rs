@@ -666,23 +666,19 @@ impl Cluster for Watched {
 }
 
 /// A queue from its cache: None while the cluster serves no Kueue (or the RBAC forbids
-/// reading it), unknown before the cache has synced.
+/// reading it), unknown before the cache has synced, else found or absent.
 fn queue(
     health: &Health,
     queues: &ArcSwap<Queues>,
     namespace: &str,
     name: &str,
 ) -> Option<Lookup<Arc<Value>>> {
-    match health.known(|| ())? {
-        Lookup::Found(()) => Some(
-            queues
-                .load()
-                .get(&(namespace.to_owned(), name.to_owned()))
-                .map_or(Lookup::Absent, |q| Lookup::Found(q.clone())),
-        ),
-        Lookup::Absent => Some(Lookup::Absent),
-        Lookup::Unknown => Some(Lookup::Unknown),
-    }
+    let key = (namespace.to_owned(), name.to_owned());
+    Some(match health.known(|| queues.load().get(&key).cloned())? {
+        Lookup::Found(Some(q)) => Lookup::Found(q),
+        Lookup::Found(None) | Lookup::Absent => Lookup::Absent,
+        Lookup::Unknown => Lookup::Unknown,
+    })
 }
 
 impl ClusterContext for Watched {
