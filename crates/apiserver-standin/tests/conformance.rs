@@ -41,6 +41,16 @@ async fn eventually(what: &str, f: impl Fn() -> bool) {
     }
 }
 
+/// Ends a watcher's task while the server still answers, and waits until it has ended.
+/// Aborting is not enough: a task mid-poll when the server stops meets a refused
+/// connection, and kube's watcher without a backoff retries that at once, so the task
+/// never yields again, never sees its abort, and the runtime's shutdown at the test's end
+/// waits on it for good (a CI run hung so, under load).
+async fn stop(task: tokio::task::JoinHandle<()>) {
+    task.abort();
+    let _ = task.await;
+}
+
 fn store_names(store: &reflector::Store<Pod>) -> BTreeSet<String> {
     store
         .state()
@@ -262,7 +272,7 @@ async fn reflector_follows_live_events_broken_watches_and_relists_after_410() {
             .any(|e| e.contains("too old resource version")),
         "{errors:?}"
     );
-    task.abort();
+    stop(task).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -555,7 +565,7 @@ async fn label_and_field_selectors_filter_lists_and_watches() {
     let mut held: Vec<String> = reader.state().iter().map(|p| p.name_any()).collect();
     held.sort();
     assert_eq!(held, ["p1", "p3"]);
-    task.abort();
+    stop(task).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -719,7 +729,7 @@ async fn watches_send_bookmarks_end_at_their_timeout_and_expire_old_versions() {
         .unwrap();
     assert_eq!(reader.state().len(), 7);
     assert_eq!(server.count(Verb::List, "pods"), 0);
-    task.abort();
+    stop(task).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -959,7 +969,7 @@ async fn a_secret_watched_by_name_and_webhook_configurations_replaced_at_a_versi
     assert!(selected
         .iter()
         .all(|r| r.param("fieldSelector").as_deref() == Some("metadata.name=tollgate-tls")));
-    task.abort();
+    stop(task).await;
 
     let hooks: Api<MutatingWebhookConfiguration> = Api::all(server.client());
     server.insert(
