@@ -200,18 +200,41 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::to_owned),
     };
-    let response = respond(&shared, req, &mut record)
+    let mut logged = false;
+    let response = respond(&shared, req, &mut record, &mut logged)
         .await
         .unwrap_or_else(|e| error_response(&e));
-    record.status = response.status().as_u16();
-    shared.lock().log.push(record);
+    if !logged {
+        record.status = response.status().as_u16();
+        shared.lock().log.push(record);
+    }
     Ok(response)
+}
+
+/// Logs a write under the lock that makes its change visible, so that whoever sees the
+/// change in the store also sees the request that made it (logged after the lock was let
+/// go, a test that saw a report written could read a log without its writer yet).
+fn log_write(
+    st: &mut State,
+    record: &RequestRecord,
+    logged: &mut bool,
+    result: Result<Response<Body>, ApiError>,
+) -> Result<Response<Body>, ApiError> {
+    let mut record = record.clone();
+    record.status = match &result {
+        Ok(r) => r.status().as_u16(),
+        Err(e) => e.code,
+    };
+    st.log.push(record);
+    *logged = true;
+    result
 }
 
 async fn respond(
     shared: &Arc<Shared>,
     req: Request<Incoming>,
     record: &mut RequestRecord,
+    logged: &mut bool,
 ) -> Result<Response<Body>, ApiError> {
     let route = route(&shared.lock(), &record.path)?;
     match route {
@@ -335,38 +358,47 @@ async fn respond(
         Verb::Create => {
             let body = parse_body(&content_type, &body)?;
             let mut st = shared.lock();
-            let value = st.prepare_create(ri, ns.as_deref(), body, shared.uid_seed, false)?;
-            if dry_run {
-                return Ok(value_response(201, &value));
-            }
-            let value = st.commit(ri, ChangeKind::Added, value);
-            Ok(value_response(201, &value))
+            let r = st
+                .prepare_create(ri, ns.as_deref(), body, shared.uid_seed, false)
+                .map(|value| {
+                    if dry_run {
+                        value_response(201, &value)
+                    } else {
+                        value_response(201, &st.commit(ri, ChangeKind::Added, value))
+                    }
+                });
+            log_write(&mut st, record, logged, r)
         }
         Verb::Update => {
             let body = parse_body(&content_type, &body)?;
             let name = name.unwrap();
             let mut st = shared.lock();
-            let (new, old) = st.prepare_update(ri, ns.as_deref(), &name, body, false)?;
-            match new {
-                None => Ok(value_response(200, &old)),
-                Some(v) if dry_run => Ok(value_response(200, &v)),
-                Some(v) => Ok(value_response(200, &st.commit_update(ri, v))),
-            }
+            let r = st
+                .prepare_update(ri, ns.as_deref(), &name, body, false)
+                .map(|(new, old)| match new {
+                    None => value_response(200, &old),
+                    Some(v) if dry_run => value_response(200, &v),
+                    Some(v) => value_response(200, &st.commit_update(ri, v)),
+                });
+            log_write(&mut st, record, logged, r)
         }
         Verb::Patch => {
             let name = name.unwrap();
             let mut st = shared.lock();
             let key = key_of(ns.as_deref().unwrap_or(""), &name);
-            let Some(old) = st.resources[ri].objects.get(&key).cloned() else {
-                return Err(ApiError::not_found(&ty, &name));
-            };
-            let patched = apply_patch(&content_type, &old.value(), &body)?;
-            let (new, old) = st.prepare_update(ri, ns.as_deref(), &name, patched, false)?;
-            match new {
-                None => Ok(value_response(200, &old)),
-                Some(v) if dry_run => Ok(value_response(200, &v)),
-                Some(v) => Ok(value_response(200, &st.commit_update(ri, v))),
-            }
+            let r = st.resources[ri]
+                .objects
+                .get(&key)
+                .cloned()
+                .ok_or_else(|| ApiError::not_found(&ty, &name))
+                .and_then(|old| apply_patch(&content_type, &old.value(), &body))
+                .and_then(|patched| st.prepare_update(ri, ns.as_deref(), &name, patched, false))
+                .map(|(new, old)| match new {
+                    None => value_response(200, &old),
+                    Some(v) if dry_run => value_response(200, &v),
+                    Some(v) => value_response(200, &st.commit_update(ri, v)),
+                });
+            log_write(&mut st, record, logged, r)
         }
         Verb::Delete => {
             let options = if body.is_empty() {
@@ -377,15 +409,17 @@ async fn respond(
             };
             let name = name.unwrap();
             let mut st = shared.lock();
-            let v = st.delete(
-                ri,
-                ns.as_deref().unwrap_or(""),
-                &name,
-                &options,
-                dry_run,
-                false,
-            )?;
-            Ok(value_response(200, &v))
+            let r = st
+                .delete(
+                    ri,
+                    ns.as_deref().unwrap_or(""),
+                    &name,
+                    &options,
+                    dry_run,
+                    false,
+                )
+                .map(|v| value_response(200, &v));
+            log_write(&mut st, record, logged, r)
         }
         Verb::DeleteCollection => {
             let filter = filter_of(&q, &ty, ns, None)?;
@@ -404,10 +438,9 @@ async fn respond(
                 }
             }
             let rv = st.rv;
-            drop(st);
             let mut out = Vec::new();
             write_list(&mut out, &ty, rv, None, None, items.iter());
-            Ok(json_response(200, out))
+            log_write(&mut st, record, logged, Ok(json_response(200, out)))
         }
         Verb::Other => unreachable!(),
     }
