@@ -197,10 +197,22 @@ impl Feasibility {
     }
 }
 
+/// Whether the person who applied the pod is already told that a container (by name)
+/// requests no `resource`: validation's missing requests, in a mode that says them.
+pub type Told<'a> = &'a dyn Fn(&str, &str) -> bool;
+
 /// Judges one pod (as it will be admitted: mutated and defaulted) in `namespace`. `queued`:
 /// the pod is of a workload held to a Kueue queue the context knows, so its usage is
 /// measured whatever else the context knows (`kueue` judges the workload's pods in all).
-pub fn pod(pod: &Pod, namespace: &str, cluster: &dyn Cluster, queued: bool) -> Feasibility {
+/// `told`: the missing requests the user already reads of, which a quota's "must specify"
+/// does not say a second time.
+pub fn pod(
+    pod: &Pod,
+    namespace: &str,
+    cluster: &dyn Cluster,
+    queued: bool,
+    told: Told<'_>,
+) -> Feasibility {
     let mut out = Feasibility::default();
     let quotas = cluster.resource_quotas(namespace);
     let nodes = cluster.nodes();
@@ -212,7 +224,7 @@ pub fn pod(pod: &Pod, namespace: &str, cluster: &dyn Cluster, queued: bool) -> F
     out.usage = Usage::of(pod);
     match quotas {
         None => {}
-        Some(Lookup::Found(q)) => check_quotas(pod, &q, &mut out),
+        Some(Lookup::Found(q)) => check_quotas(pod, &q, told, &mut out),
         Some(_) => out.unknown.push(format!(
             "the ResourceQuotas of namespace {}",
             quote(namespace)
@@ -367,7 +379,7 @@ fn applies(q: &ResourceQuota, pod: &Pod) -> Result<bool, String> {
     Ok(true)
 }
 
-fn check_quotas(pod: &Pod, quotas: &[Arc<ResourceQuota>], out: &mut Feasibility) {
+fn check_quotas(pod: &Pod, quotas: &[Arc<ResourceQuota>], told: Told<'_>, out: &mut Feasibility) {
     for q in quotas {
         let name = q.metadata.name.as_deref().unwrap_or("");
         match applies(q, pod) {
@@ -382,15 +394,16 @@ fn check_quotas(pod: &Pod, quotas: &[Arc<ResourceQuota>], out: &mut Feasibility)
             }
         }
         out.quotas.push(q.clone());
-        must_specify(pod, q, &quota_subject(q), out);
+        must_specify(pod, q, told, out);
         let found = exceeded(q, &out.usage);
         out.findings.extend(found);
     }
 }
 
 /// A quota that tracks cpu or memory refuses a pod one of whose containers does not set
-/// what it tracks, with "must specify".
-fn must_specify(pod: &Pod, q: &ResourceQuota, subject: &str, out: &mut Feasibility) {
+/// what it tracks, with "must specify". A missing request the user is already told of
+/// (`told`) is not said again: the fix is the same.
+fn must_specify(pod: &Pod, q: &ResourceQuota, told: Told<'_>, out: &mut Feasibility) {
     let Some(spec) = pod.spec.as_ref() else {
         return;
     };
@@ -412,7 +425,7 @@ fn must_specify(pod: &Pod, q: &ResourceQuota, subject: &str, out: &mut Feasibili
                 } else {
                     r.and_then(|r| r.requests.as_ref())
                 };
-                !m.is_some_and(|m| m.contains_key(resource))
+                !m.is_some_and(|m| m.contains_key(resource)) && (limits || !told(&c.name, resource))
             })
             .map(|(kind, c)| format!("{} {}", kind.noun(), quote(&c.name)))
             .collect();
@@ -420,6 +433,7 @@ fn must_specify(pod: &Pod, q: &ResourceQuota, subject: &str, out: &mut Feasibili
             continue;
         }
         let what = if limits { "limit" } else { "request" };
+        let subject = quota_subject(q);
         out.findings.push(Finding {
             never: true,
             in_turns: false,
@@ -457,17 +471,18 @@ pub fn over(q: &ResourceQuota, usage: &Usage, pods: i128) -> Vec<Over> {
     let used = q.status.as_ref().and_then(|s| s.used.as_ref());
     for (key, limit) in hard {
         let Some(t) = tracked(key) else { continue };
-        let Ok(limit) = quantity::parse(&limit.0) else {
-            continue;
-        };
         let (asked, resource) = match t {
             Tracked::Pods => (pods.saturating_mul(1_000_000_000), "pods"),
             Tracked::Requests(r) => (usage.requests.get(r).copied().unwrap_or(0), r),
             Tracked::Limits(r) => (usage.limits.get(r).copied().unwrap_or(0), r),
         };
+        // What the pod does not ask for cannot exceed the quota: its limit is not read.
         if asked <= 0 {
             continue;
         }
+        let Ok(limit) = quantity::parse(&limit.0) else {
+            continue;
+        };
         let show = |n: i128| quantity::format_for(resource, n);
         let in_use = used
             .and_then(|u| u.get(key))
@@ -497,9 +512,13 @@ pub fn quota_subject(q: &ResourceQuota) -> String {
 
 /// What of quota `q` one pod's usage exceeds, worded for the pod.
 fn exceeded(q: &ResourceQuota, usage: &Usage) -> Vec<Finding> {
+    let over = over(q, usage, 1);
+    // Nearly every pod fits: no name to format then.
+    if over.is_empty() {
+        return vec![];
+    }
     let subject = quota_subject(q);
-    over(q, usage, 1)
-        .into_iter()
+    over.into_iter()
         .map(|o| Finding {
             never: o.never,
             in_turns: false,

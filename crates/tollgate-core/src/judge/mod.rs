@@ -22,7 +22,7 @@ use crate::feasible::{self, Feasibility};
 use crate::gpu::Gpus;
 use crate::mutate::{self, Outcome};
 use crate::optout::{self, OptOut};
-use crate::policy::{FeasibilityMode, Operation, Policy};
+use crate::policy::{FeasibilityMode, Mode, Operation, Policy};
 use crate::requester::Requester;
 use crate::validate::{self, Decision, Verdict};
 use crate::words::quote;
@@ -155,7 +155,20 @@ pub fn pod(
             let opt_out = j.opt_out.take().unwrap_or_else(|| decide(pod));
             let mut d = validate::judge(policy, pod, &s.who, opt_out.clone());
             if policy.feasibility.mode != FeasibilityMode::Off && opt_out != OptOut::Honoured {
-                let f = feasible::pod(pod, s.who.namespace, cluster, s.queued);
+                // Missing requests the decision says (to kubectl, or in a workload's
+                // message) are not repeated by a quota's "must specify"; in audit mode
+                // nothing says them to the user, so the quota's finding stays.
+                let said: &[validate::Missing] = if policy.validation.mode == Mode::Audit {
+                    &[]
+                } else {
+                    &d.missing
+                };
+                let told = |container: &str, resource: &str| {
+                    said.iter().any(|m| {
+                        m.container == container && m.resources.iter().any(|r| r == resource)
+                    })
+                };
+                let f = feasible::pod(pod, s.who.namespace, cluster, s.queued, &told);
                 if !s.template {
                     decide_feasibility(policy, pod, &f, &mut d);
                 }
