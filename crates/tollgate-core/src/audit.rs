@@ -383,6 +383,7 @@ pub fn judge(
         opt_out: None,
         template: false,
         queued: false,
+        placement: None,
     };
     // Decided here only when neither webhook would (nothing mutated, nothing validated):
     // the opt-out is still reported.

@@ -444,12 +444,6 @@ fn review_pod(
     let ambiguous = pod.metadata == Default::default()
         || pod.spec.as_ref().is_some_and(|s| s.containers.is_empty());
     let who = requester(&req);
-    // Feasibility reads where the pod may run only against known nodes or quotas.
-    if let (Some(placement), Some(spec)) = (unread.placement, pod.spec.as_mut()) {
-        if cluster.nodes().is_some() || cluster.resource_quotas(who.namespace).is_some() {
-            placement.fill(spec);
-        }
-    }
     let labels = match unread.labels {
         Some(raw) => PodLabels::Raw(Some(raw)),
         None => PodLabels::Parsed(pod.metadata.labels.as_ref()),
@@ -465,6 +459,7 @@ fn review_pod(
         opt_out: None,
         template: false,
         queued: false,
+        placement: unread.placement,
     };
     let mut j = judge::pod(
         &subject,

@@ -903,6 +903,7 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
                 opt_out: Some(opt_out.clone()),
                 template: true,
                 queued,
+                placement: None,
             },
             cluster,
             &mut pod,

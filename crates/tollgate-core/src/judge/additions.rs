@@ -89,6 +89,7 @@ fn check_additions(policy: &Policy, source: &str, at: &str) -> Result<(), Policy
         opt_out: Some(crate::optout::OptOut::NotRequested),
         template: false,
         queued: false,
+        placement: None,
     };
     let j = super::pod(
         &subject,

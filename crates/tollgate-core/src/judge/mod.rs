@@ -22,6 +22,7 @@ use crate::feasible::{self, Feasibility};
 use crate::gpu::Gpus;
 use crate::mutate::{self, Outcome};
 use crate::optout::{self, OptOut};
+use crate::parse::Placement;
 use crate::policy::{FeasibilityMode, Mode, Operation, Policy};
 use crate::requester::Requester;
 use crate::validate::{self, Decision, Verdict};
@@ -68,6 +69,10 @@ pub struct Subject<'a, 'p> {
     /// A template of a workload held to a Kueue queue the context knows: what its pods ask
     /// for is measured for the queue's ClusterQueue, whatever else the context knows.
     pub queued: bool,
+    /// Where the pod may run, still text (a validating review's fast parse): read into the
+    /// pod only when feasibility is judged against known nodes or quotas, so that a pod
+    /// whose opt-out is honoured, or a policy with feasibility off, never pays for it.
+    pub placement: Option<Placement<'a>>,
 }
 
 /// What the mutating webhook made of the pod.
@@ -155,6 +160,13 @@ pub fn pod(
             let opt_out = j.opt_out.take().unwrap_or_else(|| decide(pod));
             let mut d = validate::judge(policy, pod, &s.who, opt_out.clone());
             if policy.feasibility.mode != FeasibilityMode::Off && opt_out != OptOut::Honoured {
+                if let (Some(placement), Some(spec)) = (s.placement, pod.spec.as_mut()) {
+                    if cluster.nodes().is_some()
+                        || cluster.resource_quotas(s.who.namespace).is_some()
+                    {
+                        placement.fill(spec);
+                    }
+                }
                 // Missing requests the decision says (to kubectl, or in a workload's
                 // message) are not repeated by a quota's "must specify"; in audit mode
                 // nothing says them to the user, so the quota's finding stays.
