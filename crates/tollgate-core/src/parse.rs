@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::core::v1::{
-    Container, Pod, PodResourceClaim, PodSpec, PodStatus, ResourceRequirements, Toleration,
+    Container, Pod, PodResourceClaim, PodSpec, PodStatus, ResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
@@ -72,39 +72,9 @@ impl Placement<'_> {
         fn read<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> Option<T> {
             serde_json::from_str(raw?.get()).ok()
         }
-        spec.tolerations = read::<Vec<BorrowedToleration<'_>>>(self.tolerations)
-            .map(|l| l.into_iter().map(Into::into).collect());
+        spec.tolerations = read(self.tolerations);
         spec.node_selector = read(self.node_selector);
         spec.affinity = read(self.affinity);
-    }
-}
-
-/// A toleration read with its strings borrowed from the body, then copied once: nearly
-/// every pod carries the apiserver's two default tolerations, and feasibility reads them
-/// on every review where the context knows nodes (k8s-openapi's visitor costs more).
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct BorrowedToleration<'a> {
-    #[serde(borrow)]
-    effect: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow)]
-    key: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow)]
-    operator: Option<std::borrow::Cow<'a, str>>,
-    toleration_seconds: Option<i64>,
-    #[serde(borrow)]
-    value: Option<std::borrow::Cow<'a, str>>,
-}
-
-impl From<BorrowedToleration<'_>> for Toleration {
-    fn from(t: BorrowedToleration<'_>) -> Toleration {
-        Toleration {
-            effect: t.effect.map(Into::into),
-            key: t.key.map(Into::into),
-            operator: t.operator.map(Into::into),
-            toleration_seconds: t.toleration_seconds,
-            value: t.value.map(Into::into),
-        }
     }
 }
 
