@@ -50,6 +50,13 @@ pub struct Usage {
 impl Usage {
     /// The pod's effective requests and limits, as the scheduler and the quota count them.
     pub fn of(pod: &Pod) -> Usage {
+        Usage::measure(pod, true)
+    }
+
+    /// [`Usage::of`], the limits left empty unless `limits`: only a quota on `limits.*`
+    /// reads them (nodes and Kueue count requests), and measuring them was half of what
+    /// judging a GPU pod's feasibility cost.
+    pub fn measure(pod: &Pod, limits: bool) -> Usage {
         let Some(spec) = pod.spec.as_ref() else {
             return Usage::default();
         };
@@ -61,7 +68,8 @@ impl Usage {
             }
         }
         let mut usage = Usage::default();
-        for limits in [false, true] {
+        let halves: &[bool] = if limits { &[false, true] } else { &[false] };
+        for &limits in halves {
             let of = |c: &Container| amounts(c.resources.as_ref().and_then(|r| pick(r, limits)));
             let mut total = Amounts::new();
             for c in &spec.containers {
@@ -221,7 +229,8 @@ pub fn pod(
     if !queued && quotas.is_none() && nodes.is_none() && classes.is_none() {
         return out;
     }
-    out.usage = Usage::of(pod);
+    let limits = matches!(&quotas, Some(Lookup::Found(q)) if q.iter().any(|q| tracks_limits(q)));
+    out.usage = Usage::measure(pod, limits);
     match quotas {
         None => {}
         Some(Lookup::Found(q)) => check_quotas(pod, &q, told, &mut out),
@@ -275,6 +284,17 @@ fn tracked(key: &str) -> Option<Tracked<'_>> {
             (native || quantity::is_extended_resource(r)).then_some(Tracked::Requests(r))
         }
     }
+}
+
+/// Whether quota `q` counts a pod's limits (`limits.cpu`, ...).
+fn tracks_limits(q: &ResourceQuota) -> bool {
+    q.spec
+        .as_ref()
+        .and_then(|s| s.hard.as_ref())
+        .is_some_and(|h| {
+            h.keys()
+                .any(|k| matches!(tracked(k), Some(Tracked::Limits(_))))
+        })
 }
 
 /// The quota resources that require each container to set what they track: cpu and
@@ -1239,5 +1259,55 @@ mod tests {
         // Queues not known at all: unknown, said as such by the caller.
         let e = kueue("q", "ml", &Objects::default(), &gpus(1), 1).unwrap_err();
         assert!(e.contains("LocalQueue"));
+    }
+
+    #[test]
+    fn limits_are_measured_only_for_a_quota_that_counts_them() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ml"},
+            "spec": {"containers": [{"name": "c", "image": "i", "resources": {
+                "requests": {"cpu": "1", "memory": "1Gi"},
+                "limits": {"cpu": "2", "memory": "8Gi"}
+            }}]}
+        }))
+        .unwrap();
+        let quota = |hard: serde_json::Value| {
+            let mut o = Objects::default();
+            o.add_quota(
+                serde_json::from_value(json!({
+                    "metadata": {"name": "q", "namespace": "ml"}, "spec": {"hard": hard}
+                }))
+                .unwrap(),
+            );
+            o
+        };
+        let none = |_: &str, _: &str| false;
+        // Requests only: the limits are not read.
+        let f = super::pod(
+            &pod,
+            "ml",
+            &quota(json!({"requests.memory": "4Gi"})),
+            false,
+            &none,
+        );
+        assert!(f.usage.limits.is_empty());
+        assert!(f.findings.is_empty(), "{:?}", f.findings);
+        // A quota on limits.memory reads them, and finds the pod's 8Gi over its 4Gi.
+        let f = super::pod(
+            &pod,
+            "ml",
+            &quota(json!({"limits.memory": "4Gi"})),
+            false,
+            &none,
+        );
+        assert_eq!(f.usage.limits["memory"], 8 * (1 << 30) * 1_000_000_000);
+        assert_eq!(f.findings.len(), 1);
+        assert!(f.findings[0].never);
+        assert!(
+            f.findings[0].message.contains("allows limits.memory: 4Gi")
+                && f.findings[0].message.contains("asks for 8Gi"),
+            "{}",
+            f.findings[0].message
+        );
     }
 }
