@@ -73,7 +73,10 @@ impl Usage {
             let of = |c: &Container| amounts(c.resources.as_ref().and_then(|r| pick(r, limits)));
             let mut total = Amounts::new();
             for c in &spec.containers {
-                add(&mut total, &of(c));
+                add_list(
+                    &mut total,
+                    c.resources.as_ref().and_then(|r| pick(r, limits)),
+                );
             }
             let mut sidecars = Amounts::new();
             let mut init = Amounts::new();
@@ -144,17 +147,40 @@ fn amounts(list: Option<&BTreeMap<String, Quantity>>) -> Amounts {
         .collect()
 }
 
+/// Adds a container's list to `to` as it is read: no map of its own, and a resource's
+/// name copied only the first time it is seen (what every pod review with known nodes or
+/// quotas measures).
+fn add_list(to: &mut Amounts, list: Option<&BTreeMap<String, Quantity>>) {
+    for (k, q) in list.into_iter().flatten() {
+        if let Ok(v) = quantity::parse(&q.0) {
+            add_one(to, k, v);
+        }
+    }
+}
+
+fn add_one(to: &mut Amounts, k: &str, v: i128) {
+    match to.get_mut(k) {
+        Some(t) => *t = t.saturating_add(v),
+        None => {
+            to.insert(k.to_owned(), v);
+        }
+    }
+}
+
 fn add(to: &mut Amounts, from: &Amounts) {
     for (k, v) in from {
-        let t = to.entry(k.clone()).or_insert(0);
-        *t = t.saturating_add(*v);
+        add_one(to, k, *v);
     }
 }
 
 fn max(to: &mut Amounts, from: &Amounts) {
     for (k, v) in from {
-        let t = to.entry(k.clone()).or_insert(0);
-        *t = (*t).max(*v);
+        match to.get_mut(k) {
+            Some(t) => *t = (*t).max(*v),
+            None => {
+                to.insert(k.clone(), 0.max(*v));
+            }
+        }
     }
 }
 
@@ -1309,5 +1335,36 @@ mod tests {
             "{}",
             f.findings[0].message
         );
+    }
+
+    #[test]
+    fn usage_counts_sidecars_init_containers_and_overhead_as_the_scheduler() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                        "limits": {"cpu": "2"}}},
+                    {"name": "b", "resources": {"requests": {"cpu": "2"}}}
+                ],
+                "initContainers": [
+                    {"name": "s", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}},
+                    {"name": "i", "resources": {"requests": {"cpu": "5", "nvidia.com/gpu": "1"}}}
+                ],
+                "overhead": {"cpu": "250m"}
+            }
+        }))
+        .unwrap();
+        let g = 1_000_000_000i128;
+        let u = Usage::of(&pod);
+        // Regular containers and the sidecar: 4 cpu; the init container runs beside the
+        // sidecar before it: 6; the larger, plus the overhead.
+        assert_eq!(u.requests["cpu"], 6 * g + g / 4);
+        assert_eq!(u.requests["memory"], (1 << 30) * g);
+        assert_eq!(u.requests["nvidia.com/gpu"], g);
+        // A limit is raised by the overhead where the pod has one.
+        assert_eq!(u.limits["cpu"], 2 * g + g / 4);
+        assert!(!u.limits.contains_key("memory"));
+        assert_eq!(Usage::measure(&pod, false).requests, u.requests);
     }
 }
