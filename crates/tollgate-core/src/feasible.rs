@@ -231,6 +231,30 @@ impl Feasibility {
     }
 }
 
+/// What the cluster context holds that a pod is judged against, asked once per pod (None:
+/// the context keeps no such cache).
+pub struct Known {
+    quotas: Option<Lookup<Arc<[Arc<ResourceQuota>]>>>,
+    nodes: Option<Lookup<Arc<Nodes>>>,
+    classes: Option<Lookup<Arc<BTreeSet<String>>>>,
+}
+
+impl Known {
+    pub fn of(cluster: &dyn Cluster, namespace: &str) -> Known {
+        Known {
+            quotas: cluster.resource_quotas(namespace),
+            nodes: cluster.nodes(),
+            classes: cluster.device_classes(),
+        }
+    }
+
+    /// Whether a pod's placement (node selector, affinity, tolerations) is read: by the
+    /// nodes, and by a quota's scope.
+    pub fn reads_placement(&self) -> bool {
+        self.nodes.is_some() || self.quotas.is_some()
+    }
+}
+
 /// Whether the person who applied the pod is already told that a container (by name)
 /// requests no `resource`: validation's missing requests, in a mode that says them.
 pub type Told<'a> = &'a dyn Fn(&str, &str) -> bool;
@@ -244,13 +268,16 @@ pub fn pod(
     pod: &Pod,
     namespace: &str,
     cluster: &dyn Cluster,
+    known: Known,
     queued: bool,
     told: Told<'_>,
 ) -> Feasibility {
     let mut out = Feasibility::default();
-    let quotas = cluster.resource_quotas(namespace);
-    let nodes = cluster.nodes();
-    let classes = cluster.device_classes();
+    let Known {
+        quotas,
+        nodes,
+        classes,
+    } = known;
     // Nothing to judge it against: measuring what it asks for would be wasted.
     if !queued && quotas.is_none() && nodes.is_none() && classes.is_none() {
         return out;
@@ -1309,23 +1336,15 @@ mod tests {
         };
         let none = |_: &str, _: &str| false;
         // Requests only: the limits are not read.
-        let f = super::pod(
-            &pod,
-            "ml",
-            &quota(json!({"requests.memory": "4Gi"})),
-            false,
-            &none,
-        );
+        let cluster = quota(json!({"requests.memory": "4Gi"}));
+        let known = Known::of(&cluster, "ml");
+        let f = super::pod(&pod, "ml", &cluster, known, false, &none);
         assert!(f.usage.limits.is_empty());
         assert!(f.findings.is_empty(), "{:?}", f.findings);
         // A quota on limits.memory reads them, and finds the pod's 8Gi over its 4Gi.
-        let f = super::pod(
-            &pod,
-            "ml",
-            &quota(json!({"limits.memory": "4Gi"})),
-            false,
-            &none,
-        );
+        let cluster = quota(json!({"limits.memory": "4Gi"}));
+        let known = Known::of(&cluster, "ml");
+        let f = super::pod(&pod, "ml", &cluster, known, false, &none);
         assert_eq!(f.usage.limits["memory"], 8 * (1 << 30) * 1_000_000_000);
         assert_eq!(f.findings.len(), 1);
         assert!(f.findings[0].never);

@@ -160,10 +160,9 @@ pub fn pod(
             let opt_out = j.opt_out.take().unwrap_or_else(|| decide(pod));
             let mut d = validate::judge(policy, pod, &s.who, opt_out.clone());
             if policy.feasibility.mode != FeasibilityMode::Off && opt_out != OptOut::Honoured {
+                let known = feasible::Known::of(cluster, s.who.namespace);
                 if let (Some(placement), Some(spec)) = (s.placement, pod.spec.as_mut()) {
-                    if cluster.nodes().is_some()
-                        || cluster.resource_quotas(s.who.namespace).is_some()
-                    {
+                    if known.reads_placement() {
                         placement.fill(spec);
                     }
                 }
@@ -180,7 +179,7 @@ pub fn pod(
                         m.container == container && m.resources.iter().any(|r| r == resource)
                     })
                 };
-                let f = feasible::pod(pod, s.who.namespace, cluster, s.queued, &told);
+                let f = feasible::pod(pod, s.who.namespace, cluster, known, s.queued, &told);
                 if !s.template {
                     decide_feasibility(policy, pod, &f, &mut d);
                 }
