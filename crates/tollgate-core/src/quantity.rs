@@ -75,8 +75,25 @@ pub fn parse(s: &str) -> Result<i128, QuantityError> {
     if num.is_empty() || num == "." {
         return Err(err());
     }
-    // (multiplier numerator, power of ten) so that value = num * mul * 10^pow10
-    let (mul, pow10): (i128, i32) = match suffix {
+    let (mul, pow10) = scale_of(suffix).ok_or_else(err)?;
+    // value = mantissa * mul * 10^(pow10 - frac_len) ; in nano-units add 9
+    let exp = pow10 - frac_len + 9;
+    let pow = |e: i32| POW10.get(e as usize).copied().ok_or_else(err);
+    let scaled = mantissa.checked_mul(mul).ok_or_else(err)?;
+    let value = if exp >= 0 {
+        scaled.checked_mul(pow(exp)?).ok_or_else(err)?
+    } else {
+        let d = pow(-exp)?;
+        // Round up without adding first: `scaled + d - 1` overflows near the top.
+        scaled / d + i128::from(scaled % d != 0)
+    };
+    Ok(sign * value)
+}
+
+/// What a quantity's suffix scales its number by: (multiplier numerator, power of ten), so
+/// that value = number * mul * 10^pow10. None for no suffix Kubernetes knows.
+fn scale_of(suffix: &str) -> Option<(i128, i32)> {
+    Some(match suffix {
         "" => (1, 0),
         "n" => (1, -9),
         "u" => (1, -6),
@@ -94,26 +111,14 @@ pub fn parse(s: &str) -> Result<i128, QuantityError> {
         "Pi" => (1 << 50, 0),
         "Ei" => (1 << 60, 0),
         s if s.starts_with(['e', 'E']) => {
-            let exp: i32 = s[1..].parse().map_err(|_| err())?;
+            let exp: i32 = s[1..].parse().ok()?;
             if !(-30..=30).contains(&exp) {
-                return Err(err());
+                return None;
             }
             (1, exp)
         }
-        _ => return Err(err()),
-    };
-    // value = mantissa * mul * 10^(pow10 - frac_len) ; in nano-units add 9
-    let exp = pow10 - frac_len + 9;
-    let pow = |e: i32| POW10.get(e as usize).copied().ok_or_else(err);
-    let scaled = mantissa.checked_mul(mul).ok_or_else(err)?;
-    let value = if exp >= 0 {
-        scaled.checked_mul(pow(exp)?).ok_or_else(err)?
-    } else {
-        let d = pow(-exp)?;
-        // Round up without adding first: `scaled + d - 1` overflows near the top.
-        scaled / d + i128::from(scaled % d != 0)
-    };
-    Ok(sign * value)
+        _ => return None,
+    })
 }
 
 /// Formats nano-units canonically: the largest binary suffix that is exact for byte-like
@@ -193,7 +198,8 @@ pub fn is_non_overcommittable(name: &str) -> bool {
 mod tests {
     use super::*;
 
-    /// The parse as it was before the one-pass version: what `parse` must agree with.
+    /// The parse as it was before the one-pass version (its scan of the digits, its
+    /// powers; the suffixes are `scale_of`, unchanged): what `parse` must agree with.
     fn reference(s: &str) -> Result<i128, QuantityError> {
         let err = || QuantityError(s.to_owned());
         let s_trim = s.trim();
@@ -212,33 +218,7 @@ mod tests {
         if num.is_empty() || num == "." || num.matches('.').count() > 1 {
             return Err(err());
         }
-        // (multiplier numerator, power of ten) so that value = num * mul * 10^pow10
-        let (mul, pow10): (i128, i32) = match suffix {
-            "" => (1, 0),
-            "n" => (1, -9),
-            "u" => (1, -6),
-            "m" => (1, -3),
-            "k" => (1, 3),
-            "M" => (1, 6),
-            "G" => (1, 9),
-            "T" => (1, 12),
-            "P" => (1, 15),
-            "E" => (1, 18),
-            "Ki" => (1 << 10, 0),
-            "Mi" => (1 << 20, 0),
-            "Gi" => (1 << 30, 0),
-            "Ti" => (1 << 40, 0),
-            "Pi" => (1 << 50, 0),
-            "Ei" => (1 << 60, 0),
-            s if s.starts_with(['e', 'E']) => {
-                let exp: i32 = s[1..].parse().map_err(|_| err())?;
-                if !(-30..=30).contains(&exp) {
-                    return Err(err());
-                }
-                (1, exp)
-            }
-            _ => return Err(err()),
-        };
+        let (mul, pow10) = scale_of(suffix).ok_or_else(err)?;
         let (int_part, frac_part) = num.split_once('.').unwrap_or((num, ""));
         // The digits of both parts as one integer, leading zeros dropped. i128::MAX has 39
         // digits: anything [`format`] writes fits, larger fails.
