@@ -5,7 +5,6 @@
 
 use crate::common;
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -19,27 +18,15 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// kubectl, the machine's or the suite's own (tests/common/tools.rs); where none can be
+/// had, a SKIPPED line names the test.
 fn kubectl_available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        let available = Command::new("kubectl")
-            .args(["version", "--client"])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if !available {
-            // Straight to stderr: the test harness captures eprintln! of passing tests.
-            let _ = std::io::stderr().write_all(
-                b"tests/deploy.rs: SKIPPED the tests that render deploy/: kubectl is not on PATH\n",
-            );
-        }
-        available
-    })
+    common::tools::kubectl().is_some()
 }
 
 /// `kubectl kustomize DIR`, parsed into one JSON value per document.
 fn render(dir: &Path) -> Vec<Value> {
-    let out = Command::new("kubectl")
+    let out = Command::new(common::tools::kubectl().unwrap())
         .arg("kustomize")
         .arg(dir)
         .output()

@@ -27,17 +27,10 @@ use serde_json::{json, Value};
 
 const GROUP: &str = "admissionregistration.k8s.io";
 
+/// kubectl, the machine's or the suite's own (tests/common/tools.rs); where none can be
+/// had, a SKIPPED line names the test.
 fn kubectl_available() -> bool {
-    let ok = Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        let _ = std::io::stderr()
-            .write_all(b"tests/export_kubectl.rs: SKIPPED: kubectl is not on PATH\n");
-    }
-    ok
+    common::tools::kubectl().is_some()
 }
 
 /// The committed schemas: `components.schemas` of the group's OpenAPI v3 document.
@@ -291,7 +284,7 @@ impl Kubectl {
 
     /// `kubectl apply --dry-run=client --validate=strict -f -` on `yaml`.
     fn dry_run(&self, yaml: &[u8]) -> std::process::Output {
-        let mut child = Command::new("kubectl")
+        let mut child = Command::new(common::tools::kubectl().unwrap())
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .arg("--cache-dir")

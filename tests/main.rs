@@ -14,6 +14,7 @@ mod builtin_policy;
 mod cli;
 mod cluster_context;
 mod deploy;
+mod envtest;
 mod export_apiserver;
 mod export_equivalence;
 mod export_kubectl;

@@ -7,34 +7,21 @@
 use crate::common;
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
 use std::path::Path;
 use std::process::Command;
-use std::sync::OnceLock;
 
 use common::net::{self, Client};
 use serde_json::Value;
 use tollgate_apiserver_standin as apiserver;
 
+/// kubectl, the machine's or the suite's own (tests/common/tools.rs); where none can be
+/// had, a SKIPPED line names the test.
 fn kubectl_available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        let ok = Command::new("kubectl")
-            .args(["version", "--client"])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if !ok {
-            let _ = std::io::stderr().write_all(
-                b"tests/monitoring.rs: SKIPPED the tests that render deploy/: kubectl is not on PATH\n",
-            );
-        }
-        ok
-    })
+    common::tools::kubectl().is_some()
 }
 
 fn render(dir: &str) -> Vec<Value> {
-    let out = Command::new("kubectl")
+    let out = Command::new(common::tools::kubectl().unwrap())
         .arg("kustomize")
         .arg(common::root().join(dir))
         .output()

@@ -7,6 +7,9 @@ use std::sync::Arc;
 use tollgate::server::{ActivePolicy, AppState, Limits};
 use tollgate_core::policy::Policy;
 
+pub mod envtest;
+pub mod tools;
+
 /// A pod with no resources at all, which validation refuses.
 pub const NOTEBOOK: &str = "apiVersion: v1
 kind: Pod
@@ -679,7 +682,7 @@ pub mod slow {
 /// RBAC as rendered: the grants of the Roles and ClusterRoles bound to a service account,
 /// to hold a real run's requests (the apiserver stand-in's log) to them.
 pub mod rbac {
-    use std::io::Write as _;
+
     use std::process::Command;
 
     use serde_json::Value;
@@ -689,22 +692,13 @@ pub mod rbac {
     pub type Grant = (Option<String>, String, String, Option<String>);
 
     /// `kubectl kustomize DIR` (relative to the repository), or None with a line on stderr
-    /// when kubectl is not on PATH.
+    /// when no kubectl can be had.
     pub fn render_if_kubectl(dir: &str) -> Option<Vec<Value>> {
-        let out = match Command::new("kubectl")
+        let out = Command::new(super::tools::kubectl()?)
             .arg("kustomize")
             .arg(super::root().join(dir))
             .output()
-        {
-            Ok(o) => o,
-            Err(_) => {
-                let _ = std::io::stderr().write_all(
-                    format!("SKIPPED the RBAC check against {dir}: kubectl is not on PATH\n")
-                        .as_bytes(),
-                );
-                return None;
-            }
-        };
+            .expect("running kubectl kustomize");
         assert!(
             out.status.success(),
             "kubectl kustomize {dir}: {}",
