@@ -1,6 +1,7 @@
 //! The architecture, checked: the engine crate pulls in no I/O crate, and in both crates
 //! every module imports only from the layers below it, as the tables in
 //! docs/architecture.md say. A new module must be placed in a table before it builds green.
+//! Inside a module (a directory), the children import each other one way only: no circles.
 
 use crate::common;
 
@@ -56,6 +57,174 @@ fn engine_modules_import_only_downward() {
 #[test]
 fn shell_modules_import_only_downward() {
     check_layers("src", "tollgate");
+}
+
+#[test]
+fn modules_inside_a_module_import_each_other_one_way() {
+    for dir in ["crates/tollgate-core/src", "src"] {
+        let root = common::root().join(dir);
+        let mut problems = vec![];
+        for module in module_dirs(&root) {
+            problems.extend(sibling_circles(&root, &module));
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+}
+
+/// Every directory under `dir` that is a module (has a `mod.rs`), nested ones too.
+fn module_dirs(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            if p.join("mod.rs").is_file() {
+                out.push(p.clone());
+            }
+            out.extend(module_dirs(&p));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The rule inside a module: its `mod.rs` is the module's face, which may use its
+/// children, and whose own items its children may use; between the children (siblings),
+/// imports go one way only, so that they too stack in layers. A child's import of a
+/// sibling is a `super::NAME` or `crate::PATH::NAME` path naming the sibling, or an item
+/// that `mod.rs` re-exports from it (`pub use sibling::{..}` or `pub use sibling::*`).
+/// Returns each circle found, as `a -> b -> a`.
+fn sibling_circles(root: &Path, module: &Path) -> Vec<String> {
+    let rel = module.strip_prefix(root).unwrap();
+    let path: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let crate_prefix = format!("crate::{}::", path.join("::"));
+    let mut children: BTreeMap<String, String> = BTreeMap::new();
+    for e in std::fs::read_dir(module).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let text = if p.is_dir() && p.join("mod.rs").is_file() {
+            std::fs::read_to_string(p.join("mod.rs")).unwrap()
+        } else if let Some(stem) = name.strip_suffix(".rs") {
+            if stem == "mod" {
+                continue;
+            }
+            std::fs::read_to_string(&p).unwrap()
+        } else {
+            continue;
+        };
+        children.insert(name.trim_end_matches(".rs").to_owned(), text);
+    }
+    let face = std::fs::read_to_string(module.join("mod.rs")).unwrap();
+    // Items the face re-exports: by name, and the children it re-exports whole.
+    let mut reexported: BTreeMap<String, String> = BTreeMap::new();
+    let mut globbed = vec![];
+    for line in face.lines().map(|l| l.split("//").next().unwrap().trim()) {
+        let Some(rest) = line
+            .strip_prefix("pub use ")
+            .or_else(|| line.strip_prefix("pub(crate) use "))
+        else {
+            continue;
+        };
+        let rest = rest.trim_start_matches("self::").trim_end_matches(';');
+        let Some((child, items)) = rest.split_once("::") else {
+            continue;
+        };
+        if !children.contains_key(child) {
+            continue;
+        }
+        if items == "*" {
+            globbed.push(child.to_owned());
+        } else {
+            for item in items.trim_matches(|c| c == '{' || c == '}').split(',') {
+                let item = item.split(" as ").last().unwrap().trim();
+                reexported.insert(item.to_owned(), child.to_owned());
+            }
+        }
+    }
+    let defines = |text: &str, item: &str| {
+        text.lines().any(|l| {
+            let l = l
+                .trim_start_matches("pub(crate) ")
+                .trim_start_matches("pub ");
+            [
+                "fn ", "struct ", "enum ", "const ", "static ", "type ", "trait ",
+            ]
+            .iter()
+            .any(|k| l.strip_prefix(k).is_some_and(|r| ident(r) == item))
+        })
+    };
+    let mut edges: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for (child, text) in &children {
+        let mut used = BTreeSet::new();
+        for line in text.lines() {
+            let code = line.split("//").next().unwrap();
+            for prefix in ["super::", crate_prefix.as_str()] {
+                let mut rest = code;
+                while let Some(i) = rest.find(prefix) {
+                    rest = &rest[i + prefix.len()..];
+                    if let Some(group) = rest.strip_prefix('{') {
+                        let end = group.find('}').unwrap_or(group.len());
+                        used.extend(group[..end].split(',').map(|i| ident(i.trim())));
+                    } else {
+                        used.insert(ident(rest));
+                    }
+                }
+            }
+        }
+        for item in used {
+            let target = if children.contains_key(&item) {
+                Some(item)
+            } else if let Some(c) = reexported.get(&item) {
+                Some(c.clone())
+            } else {
+                globbed
+                    .iter()
+                    .find(|c| defines(&children[*c], &item))
+                    .cloned()
+            };
+            if let Some(t) = target.filter(|t| t != child) {
+                edges.entry(child.as_str()).or_default().insert(t);
+            }
+        }
+    }
+    // A circle is a path back to where it started.
+    let shown = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| format!("{}/{n}", rel.display()))
+            .collect::<Vec<_>>()
+            .join(" -> ")
+    };
+    let mut circles = vec![];
+    for start in children.keys() {
+        let mut stack = vec![vec![start.as_str()]];
+        let mut seen = BTreeSet::new();
+        while let Some(trail) = stack.pop() {
+            let last = *trail.last().unwrap();
+            for next in edges.get(last).into_iter().flatten() {
+                // Each circle once: from its first module by name.
+                if next == start && trail.iter().all(|n| *n >= start.as_str()) {
+                    let mut all = trail.clone();
+                    all.push(start);
+                    circles.push(format!(
+                        "{}: siblings import each other in a circle ({}): move what both need \
+                         into a module below them",
+                        rel.display(),
+                        shown(&all)
+                    ));
+                } else if next != start && seen.insert(next.as_str()) {
+                    let mut more = trail.clone();
+                    more.push(next);
+                    stack.push(more);
+                }
+            }
+        }
+    }
+    circles.sort();
+    circles.dedup();
+    circles
 }
 
 /// Every top-level module of the crate at `dir` is in the doc's table for `krate`, and

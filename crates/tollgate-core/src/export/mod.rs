@@ -12,18 +12,21 @@
 //! `lowerAscii`, `replace`, `substring` and `trim`) and avoid optional types, `cel.bind`
 //! and list slicing, which it lacks or which the test's interpreter lacks.
 //!
-//! The rooms: `scope` (which pods each policy covers: the base and each profile, with
-//! its guard), `cel` (the expressions, from validation's and the opt-out's own message
-//! templates), `yaml` (the writer of the two objects). This module puts them together.
+//! The rooms, each importing only those below it: `cel` (the expressions, from
+//! validation's and the opt-out's own message templates), `scope` (which pods each policy
+//! covers: the base and each profile, with its guard), `literal` (CEL string literals and
+//! globs as conditions), `yaml` (the writer of the two objects). This module puts them
+//! together.
 
 mod cel;
+mod literal;
 mod scope;
 mod yaml;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use cel::Cel;
-pub use cel::{glob_to_re2, lit};
+pub use literal::{glob_to_re2, lit};
 use scope::{scopes, Scope};
 use yaml::Node;
 

@@ -3,7 +3,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::cel::{any_glob, lit};
+use super::literal::{any_glob, lit};
 use super::NAME;
 use crate::policy::{OptOut, Policy, ProfileMatch, Validation};
 

@@ -195,7 +195,7 @@ impl Policy {
         let mut device_classes: BTreeMap<&str, (&str, usize)> = BTreeMap::new();
         // The file's own classes first, then the built-in ones it kept: a resource two
         // classes claim is reported where the file wrote it.
-        let builtin = super::load::builtin_class_names();
+        let builtin = super::builtin::builtin_class_names();
         let (own, kept): (Vec<_>, Vec<_>) = self
             .gpu
             .classes

@@ -7,13 +7,15 @@
 //! that file. Unknown fields are errors: a typo in a policy must never silently turn a
 //! rule off.
 //!
-//! The rooms: `types` (the schema), `load` (the built-in text, merging, profiles),
-//! `check` (what serde cannot check: names, paths, quantities, classes, selectors), with
+//! The rooms, each importing only those below it: `load` (merging, profiles), `check`
+//! (what serde cannot check: names, paths, quantities, classes, selectors), `builtin`
+//! (the built-in text as JSON), `types` (the schema), with
 //! the Kubernetes name rules in the leaf module `names`. `Policy::from_text`, the load a
 //! caller uses, is written beside the judgement (`judge::additions`): it also refuses a
 //! policy whose own additions (the metrics sidecar, the default limits) its validation
 //! would refuse, which only the mutation steps and validation can tell.
 
+mod builtin;
 mod check;
 mod load;
 mod types;
