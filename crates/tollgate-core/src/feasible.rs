@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    Container, NodeSelectorRequirement, Pod, ResourceQuota, ResourceRequirements,
+    Container, NodeSelectorRequirement, Pod, PodSpec, ResourceQuota, ResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -60,40 +60,10 @@ impl Usage {
         let Some(spec) = pod.spec.as_ref() else {
             return Usage::default();
         };
-        fn pick(r: &ResourceRequirements, limits: bool) -> Option<&BTreeMap<String, Quantity>> {
-            if limits {
-                r.limits.as_ref()
-            } else {
-                r.requests.as_ref()
-            }
-        }
         let mut usage = Usage::default();
         let halves: &[bool] = if limits { &[false, true] } else { &[false] };
         for &limits in halves {
-            let of = |c: &Container| amounts(c.resources.as_ref().and_then(|r| pick(r, limits)));
-            let mut total = Amounts::new();
-            for c in &spec.containers {
-                add_list(
-                    &mut total,
-                    c.resources.as_ref().and_then(|r| pick(r, limits)),
-                );
-            }
-            let mut sidecars = Amounts::new();
-            let mut init = Amounts::new();
-            for c in spec.init_containers.iter().flatten() {
-                let own = of(c);
-                let running = if c.restart_policy.as_deref() == Some(SIDECAR_RESTART_POLICY) {
-                    add(&mut total, &own);
-                    add(&mut sidecars, &own);
-                    sidecars.clone()
-                } else {
-                    let mut t = own;
-                    add(&mut t, &sidecars);
-                    t
-                };
-                max(&mut init, &running);
-            }
-            max(&mut total, &init);
+            let mut total = containers_aggregate(spec, limits);
             if let Some(overhead) = spec.overhead.as_ref() {
                 let overhead = amounts(Some(overhead));
                 if limits {
@@ -137,6 +107,48 @@ impl Usage {
     pub fn add(&mut self, other: &Usage) {
         add(&mut self.requests, &other.requests);
         add(&mut self.limits, &other.limits);
+    }
+}
+
+/// The containers' requests (or limits) together, as `resourcehelper`'s
+/// `AggregateContainerRequests` adds them up: regular containers and native sidecars
+/// summed, each init container on top of the sidecars before it, the larger of the two.
+/// No overhead and no pod-level resources: what the apiserver holds a pod's own
+/// `spec.resources` to.
+pub fn containers_aggregate(spec: &PodSpec, limits: bool) -> Amounts {
+    let of = |c: &Container| amounts(c.resources.as_ref().and_then(|r| pick(r, limits)));
+    let mut total = Amounts::new();
+    for c in &spec.containers {
+        add_list(
+            &mut total,
+            c.resources.as_ref().and_then(|r| pick(r, limits)),
+        );
+    }
+    let mut sidecars = Amounts::new();
+    let mut init = Amounts::new();
+    for c in spec.init_containers.iter().flatten() {
+        let own = of(c);
+        let running = if c.restart_policy.as_deref() == Some(SIDECAR_RESTART_POLICY) {
+            add(&mut total, &own);
+            add(&mut sidecars, &own);
+            sidecars.clone()
+        } else {
+            let mut t = own;
+            add(&mut t, &sidecars);
+            t
+        };
+        max(&mut init, &running);
+    }
+    max(&mut total, &init);
+    total
+}
+
+/// A `resources` object's requests, or its limits.
+fn pick(r: &ResourceRequirements, limits: bool) -> Option<&BTreeMap<String, Quantity>> {
+    if limits {
+        r.limits.as_ref()
+    } else {
+        r.requests.as_ref()
     }
 }
 

@@ -9,10 +9,13 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::Added;
 use crate::pod::containers;
 use crate::policy::{Policy, SidecarMode};
+use crate::quantity;
+use crate::words::join_words;
 
 /// [`apply`], keeping only the warnings (the step's own tests).
 pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
@@ -37,17 +40,30 @@ pub fn apply(
                 name: template.name.clone(),
                 native: sidecar.mode == SidecarMode::Native,
             });
-            let mut c = template.clone();
+            let mut c = ours(template, sidecar.mode);
+            if let Some(w) = fit_pod_level(spec, &mut c, sidecar.mode) {
+                warnings.push(w);
+            }
             match sidecar.mode {
-                SidecarMode::Native => {
-                    c.restart_policy = Some("Always".into());
-                    spec.init_containers.get_or_insert_with(Vec::new).push(c);
-                }
+                SidecarMode::Native => spec.init_containers.get_or_insert_with(Vec::new).push(c),
                 SidecarMode::Classic => spec.containers.push(c),
             }
             changed = true;
         }
-        Some(Obstacle::Ours) => {}
+        Some(Obstacle::Ours) => {
+            // A second pass says again what the first did with the pod's budget (what it
+            // would have done without the sidecar already there).
+            if spec.resources.is_some() {
+                let mut without = spec.clone();
+                without.containers.retain(|c| c.name != template.name);
+                if let Some(init) = without.init_containers.as_mut() {
+                    init.retain(|c| c.name != template.name);
+                }
+                if let Some(w) = fit_pod_level(&without, &mut ours(template, sidecar.mode), sidecar.mode) {
+                    warnings.push(w);
+                }
+            }
+        }
         Some(Obstacle::NameTaken(noun)) => {
             warnings.push(format!(
                 "tollgate: the pod has its own {noun} named {:?}; the metrics sidecar was not added",
@@ -68,6 +84,112 @@ pub fn apply(
     changed
 }
 
+/// The sidecar as the policy gives it, a native one with its restart policy.
+fn ours(template: &Container, mode: SidecarMode) -> Container {
+    let mut c = template.clone();
+    if mode == SidecarMode::Native {
+        c.restart_policy = Some("Always".into());
+    }
+    c
+}
+
+/// Where the pod sets a resource for the whole pod (`spec.resources`, KEP-2837), the
+/// apiserver holds its containers to it: their requests together (a limit standing in for
+/// a missing request, as defaulting does) at most the pod's request (its limit where it
+/// sets no request), and no container's limit above the pod's. The sidecar keeps its own
+/// request and limit of such a resource only where the pod stays within that; otherwise
+/// it goes without them and shares the pod's budget, as a container that asks nothing
+/// does, and the warning says so with the numbers. Resources the pod does not set at pod
+/// level are the sidecar's as the policy gives them.
+fn fit_pod_level(spec: &PodSpec, c: &mut Container, mode: SidecarMode) -> Option<String> {
+    let pod_level = spec.resources.as_ref()?;
+    let pod_request = |r: &str| {
+        pod_level
+            .requests
+            .as_ref()
+            .and_then(|m| m.get(r))
+            .or_else(|| pod_level.limits.as_ref().and_then(|m| m.get(r)))
+    };
+    let ours = c.resources.as_ref()?;
+    let mut set: Vec<&String> = [ours.requests.as_ref(), ours.limits.as_ref()]
+        .into_iter()
+        .flatten()
+        .flat_map(|m| m.keys())
+        .filter(|r| pod_request(r).is_some())
+        .collect();
+    if set.is_empty() {
+        return None;
+    }
+    set.sort();
+    set.dedup();
+    // The pod as the apiserver will judge it: the sidecar in place, requests defaulted.
+    let mut trial = Pod {
+        spec: Some(spec.clone()),
+        ..Pod::default()
+    };
+    if let Some(s) = trial.spec.as_mut() {
+        match mode {
+            SidecarMode::Native => s.init_containers.get_or_insert_with(Vec::new).push(c.clone()),
+            SidecarMode::Classic => s.containers.push(c.clone()),
+        }
+    }
+    crate::pod::default_requests(&mut trial);
+    let aggregate = trial
+        .spec
+        .as_ref()
+        .map(|s| crate::feasible::containers_aggregate(s, false))
+        .unwrap_or_default();
+    let read = |q: Option<&Quantity>| q.and_then(|q| quantity::parse(&q.0).ok());
+    let mut over = vec![];
+    for r in set {
+        let budget = pod_request(r);
+        let asked = aggregate.get(r.as_str()).copied();
+        let within_request = matches!((read(budget), asked), (Some(b), Some(a)) if a <= b);
+        let own_limit = ours.limits.as_ref().and_then(|m| m.get(r));
+        let pod_limit = pod_level.limits.as_ref().and_then(|m| m.get(r));
+        let within_limit = match (own_limit, pod_limit) {
+            (Some(own), Some(pod)) => matches!((read(Some(own)), read(Some(pod))), (Some(o), Some(p)) if o <= p),
+            _ => true,
+        };
+        if !(within_request && within_limit) {
+            let budget = budget.map(|q| q.0.as_str()).unwrap_or_default();
+            let numbers = match asked {
+                Some(a) if !within_request => format!(
+                    "{} > {budget}",
+                    quantity::format_for(r, a)
+                ),
+                _ => format!(
+                    "limit {} > {}",
+                    own_limit.map(|q| q.0.as_str()).unwrap_or_default(),
+                    pod_limit.map(|q| q.0.as_str()).unwrap_or_default()
+                ),
+            };
+            over.push((r.clone(), numbers));
+        }
+    }
+    if over.is_empty() {
+        return None;
+    }
+    let (names, numbers): (Vec<String>, Vec<String>) = over.into_iter().unzip();
+    if let Some(res) = c.resources.as_mut() {
+        for r in &names {
+            for m in [res.requests.as_mut(), res.limits.as_mut()].into_iter().flatten() {
+                m.remove(r);
+            }
+        }
+        res.requests = res.requests.take().filter(|m| !m.is_empty());
+        res.limits = res.limits.take().filter(|m| !m.is_empty());
+        if res.requests.is_none() && res.limits.is_none() && res.claims.is_none() {
+            c.resources = None;
+        }
+    }
+    Some(format!(
+        "tollgate: the metrics sidecar shares the pod's {}; its own would exceed {} ({})",
+        join_words(&names),
+        if names.len() == 1 { "it" } else { "them" },
+        numbers.join(", ")
+    ))
+}
 enum Obstacle<'a> {
     /// Our sidecar is already in the pod.
     Ours,
@@ -193,6 +315,71 @@ mod tests {
         v.as_array()
             .map(|a| a.iter().map(|c| c["name"].as_str().unwrap()).collect())
             .unwrap_or_default()
+    }
+
+    /// The sidecar's resources, and the pod as the apiserver's pod-level rules judge it.
+    fn sidecar_resources(v: &Value) -> Value {
+        v["spec"]["initContainers"]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["name"] == "tollgate-metrics"))
+            .map(|c| c["resources"].clone())
+            .unwrap_or(Value::Null)
+    }
+
+    #[test]
+    fn a_sidecar_past_the_pods_own_budget_shares_it() {
+        // The issue's pod: 100m/100Mi for the pod, 60m/50Mi for its one container; the
+        // sidecar's 50m/64Mi would make 110m/114Mi, which the apiserver refuses.
+        let mut p = pod(json!({"spec": {
+            "resources": {"requests": {"cpu": "100m", "memory": "100Mi"}},
+            "containers": [{"name": "train", "image": "t",
+                "resources": {"requests": {"cpu": "60m", "memory": "50Mi"},
+                    "limits": {"nvidia.com/gpu": "1"}}}],
+        }}));
+        let (changed, warnings) = run(&Policy::builtin(), &mut p);
+        assert!(changed);
+        assert_eq!(
+            warnings,
+            ["tollgate: the metrics sidecar shares the pod's cpu and memory; its own would \
+              exceed them (110m > 100m, 114Mi > 100Mi)"]
+        );
+        assert_eq!(sidecar_resources(&to_json(&p)), Value::Null);
+    }
+
+    #[test]
+    fn a_sidecar_within_the_pods_budget_keeps_its_own() {
+        let mut p = pod(json!({"spec": {
+            "resources": {"limits": {"cpu": "16", "memory": "64Gi"}},
+            "containers": [{"name": "train", "image": "t",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        }}));
+        let (_, warnings) = run(&Policy::builtin(), &mut p);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let own = &Policy::builtin().mutation.metrics_sidecar.container.resources;
+        assert_eq!(
+            sidecar_resources(&to_json(&p)),
+            serde_json::to_value(own).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_sidecar_limit_above_the_pods_limit_is_left_out_for_that_resource_only() {
+        // cpu: the pod's limit (and so its request) is 100m, the sidecar's limit 200m.
+        // memory is not set at pod level: the sidecar keeps its own.
+        let mut p = pod(json!({"spec": {
+            "resources": {"limits": {"cpu": "100m"}},
+            "containers": [{"name": "train", "image": "t"}],
+        }}));
+        let (_, warnings) = run(&Policy::builtin(), &mut p);
+        assert_eq!(
+            warnings,
+            ["tollgate: the metrics sidecar shares the pod's cpu; its own would exceed it \
+              (limit 200m > 100m)"]
+        );
+        assert_eq!(
+            sidecar_resources(&to_json(&p)),
+            json!({"requests": {"memory": "64Mi"}, "limits": {"memory": "128Mi"}})
+        );
     }
 
     #[test]
