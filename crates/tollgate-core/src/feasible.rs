@@ -486,8 +486,8 @@ fn check_quotas(pod: &Pod, quotas: &[Arc<ResourceQuota>], told: Told<'_>, out: &
 }
 
 /// A quota that tracks cpu or memory refuses a pod one of whose containers does not set
-/// what it tracks, with "must specify". A missing request the user is already told of
-/// (`told`) is not said again: the fix is the same.
+/// what it tracks, with "must specify", unless the pod sets it at pod level. A missing
+/// request the user is already told of (`told`) is not said again: the fix is the same.
 fn must_specify(pod: &Pod, q: &ResourceQuota, told: Told<'_>, out: &mut Feasibility) {
     let Some(spec) = pod.spec.as_ref() else {
         return;
@@ -502,6 +502,18 @@ fn must_specify(pod: &Pod, q: &ResourceQuota, told: Told<'_>, out: &mut Feasibil
             Some((_, r)) => (false, r),
             None => (false, *key),
         };
+        // A pod that sets the resource for the whole pod (KEP-2837; a pod-level limit
+        // stands in for a missing pod-level request) is counted by it, and the quota
+        // admits it whatever its containers set (as a 1.36 apiserver does).
+        let pod_level = spec.resources.as_ref().is_some_and(|r| {
+            let has = |m: Option<&BTreeMap<String, Quantity>>| {
+                m.is_some_and(|m| m.contains_key(resource))
+            };
+            has(r.limits.as_ref()) || (!limits && has(r.requests.as_ref()))
+        });
+        if pod_level {
+            continue;
+        }
         let missing: Vec<String> = crate::pod::containers(spec)
             .filter(|(_, c)| {
                 let r = c.resources.as_ref();

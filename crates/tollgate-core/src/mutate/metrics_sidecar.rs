@@ -59,7 +59,9 @@ pub fn apply(
                 if let Some(init) = without.init_containers.as_mut() {
                     init.retain(|c| c.name != template.name);
                 }
-                if let Some(w) = fit_pod_level(&without, &mut ours(template, sidecar.mode), sidecar.mode) {
+                if let Some(w) =
+                    fit_pod_level(&without, &mut ours(template, sidecar.mode), sidecar.mode)
+                {
                     warnings.push(w);
                 }
             }
@@ -129,7 +131,10 @@ fn fit_pod_level(spec: &PodSpec, c: &mut Container, mode: SidecarMode) -> Option
     };
     if let Some(s) = trial.spec.as_mut() {
         match mode {
-            SidecarMode::Native => s.init_containers.get_or_insert_with(Vec::new).push(c.clone()),
+            SidecarMode::Native => s
+                .init_containers
+                .get_or_insert_with(Vec::new)
+                .push(c.clone()),
             SidecarMode::Classic => s.containers.push(c.clone()),
         }
     }
@@ -148,16 +153,15 @@ fn fit_pod_level(spec: &PodSpec, c: &mut Container, mode: SidecarMode) -> Option
         let own_limit = ours.limits.as_ref().and_then(|m| m.get(r));
         let pod_limit = pod_level.limits.as_ref().and_then(|m| m.get(r));
         let within_limit = match (own_limit, pod_limit) {
-            (Some(own), Some(pod)) => matches!((read(Some(own)), read(Some(pod))), (Some(o), Some(p)) if o <= p),
+            (Some(own), Some(pod)) => {
+                matches!((read(Some(own)), read(Some(pod))), (Some(o), Some(p)) if o <= p)
+            }
             _ => true,
         };
         if !(within_request && within_limit) {
             let budget = budget.map(|q| q.0.as_str()).unwrap_or_default();
             let numbers = match asked {
-                Some(a) if !within_request => format!(
-                    "{} > {budget}",
-                    quantity::format_for(r, a)
-                ),
+                Some(a) if !within_request => format!("{} > {budget}", quantity::format_for(r, a)),
                 _ => format!(
                     "limit {} > {}",
                     own_limit.map(|q| q.0.as_str()).unwrap_or_default(),
@@ -173,7 +177,10 @@ fn fit_pod_level(spec: &PodSpec, c: &mut Container, mode: SidecarMode) -> Option
     let (names, numbers): (Vec<String>, Vec<String>) = over.into_iter().unzip();
     if let Some(res) = c.resources.as_mut() {
         for r in &names {
-            for m in [res.requests.as_mut(), res.limits.as_mut()].into_iter().flatten() {
+            for m in [res.requests.as_mut(), res.limits.as_mut()]
+                .into_iter()
+                .flatten()
+            {
                 m.remove(r);
             }
         }
@@ -340,8 +347,10 @@ mod tests {
         assert!(changed);
         assert_eq!(
             warnings,
-            ["tollgate: the metrics sidecar shares the pod's cpu and memory; its own would \
-              exceed them (110m > 100m, 114Mi > 100Mi)"]
+            [
+                "tollgate: the metrics sidecar shares the pod's cpu and memory; its own would \
+              exceed them (110m > 100m, 114Mi > 100Mi)"
+            ]
         );
         assert_eq!(sidecar_resources(&to_json(&p)), Value::Null);
     }
@@ -355,7 +364,11 @@ mod tests {
         }}));
         let (_, warnings) = run(&Policy::builtin(), &mut p);
         assert!(warnings.is_empty(), "{warnings:?}");
-        let own = &Policy::builtin().mutation.metrics_sidecar.container.resources;
+        let own = &Policy::builtin()
+            .mutation
+            .metrics_sidecar
+            .container
+            .resources;
         assert_eq!(
             sidecar_resources(&to_json(&p)),
             serde_json::to_value(own).unwrap()
@@ -373,8 +386,10 @@ mod tests {
         let (_, warnings) = run(&Policy::builtin(), &mut p);
         assert_eq!(
             warnings,
-            ["tollgate: the metrics sidecar shares the pod's cpu; its own would exceed it \
-              (limit 200m > 100m)"]
+            [
+                "tollgate: the metrics sidecar shares the pod's cpu; its own would exceed it \
+              (limit 200m > 100m)"
+            ]
         );
         assert_eq!(
             sidecar_resources(&to_json(&p)),
