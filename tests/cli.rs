@@ -780,3 +780,61 @@ fn an_unchanged_pod_is_not_shown_as_mutated() {
     assert!(!text.contains("as mutated"), "{text}");
     assert!(!text.contains("patch (JSONPatch)"), "{text}");
 }
+
+#[test]
+fn yaml_is_read_as_kubectl_reads_it() {
+    // `defaultMode: 0644` and `automountServiceAccountToken: no`, as kubectl sends them (420
+    // and false): the template is read, and refused as the webhook refuses it.
+    let out = tollgate(
+        &[
+            "review",
+            "--output",
+            "json",
+            "tests/data/review/deployment-yaml-1.1-scalars.yaml",
+        ],
+        None,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["allowed"], false, "{v:#}");
+    let spec = &v["mutatedObject"]["spec"]["template"]["spec"];
+    assert_eq!(spec["volumes"][0]["configMap"]["defaultMode"], 420, "{v:#}");
+    assert_eq!(spec["automountServiceAccountToken"], false, "{v:#}");
+}
+
+#[test]
+fn a_runtime_and_its_trainjob_without_a_namespace_meet_in_one() {
+    // Trainer's examples apply a TrainingRuntime and the TrainJob using it, neither with a
+    // namespace: kubectl puts both in one, and so does `review`.
+    for ns in [None, Some("team-a")] {
+        let mut args = vec![
+            "review",
+            "tests/data/review/trainjob-and-runtime-without-namespace.yaml",
+        ];
+        if let Some(ns) = ns {
+            args.extend(["--namespace", ns]);
+        }
+        let out = tollgate(&args, None);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{text}");
+        assert!(
+            text.contains(&format!(
+                "trainjob {}/two-steps: allowed",
+                ns.unwrap_or("default")
+            )),
+            "{text}"
+        );
+        assert!(!text.contains("not found"), "{text}");
+        for step in ["dataset-initializer", "node"] {
+            assert!(
+                text.contains(&format!("replicated job {step} (")),
+                "{step}: {text}"
+            );
+        }
+    }
+}

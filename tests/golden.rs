@@ -136,12 +136,13 @@ fn load_case(dir: &Path) -> Result<Case, String> {
     let context_text = std::fs::read_to_string(dir.join("context.yaml")).ok();
     let context = match &context_text {
         Some(text) => {
-            let docs = tollgate::cli::documents(text).map_err(|e| format!("context.yaml: {e}"))?;
+            // As `tollgate review` reads the same objects from its input.
+            let namespace = spec.namespace.as_deref().unwrap_or("default");
+            let docs =
+                tollgate::cli::read(text, namespace).map_err(|e| format!("context.yaml: {e}"))?;
             let mut objects = Objects::complete();
             for d in docs {
-                // As `tollgate review` reads the same objects from its input.
-                let namespace = spec.namespace.as_deref().unwrap_or("default");
-                let added = tollgate::cli::add_context(&mut objects, &d, namespace)
+                let added = tollgate::cli::add_context(&mut objects, &d)
                     .map_err(|e| format!("context.yaml: {e}"))?;
                 if !added {
                     return Err(format!("context.yaml: a {:?} is not context", d["kind"]));

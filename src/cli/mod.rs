@@ -7,8 +7,8 @@ mod review;
 pub use audit::AuditArgs;
 pub use export::{ExportArgs, ExportCommand, VapArgs};
 pub use review::{
-    add_context, documents, run_review, split, synthetic_review, CliResult, Entered, Entry, Input,
-    Output, ReviewArgs, Skipped, Stage,
+    add_context, documents, read, run_review, split, synthetic_review, CliResult, Entered, Entry,
+    Input, Output, ReviewArgs, Skipped, Stage,
 };
 
 use std::net::SocketAddr;

@@ -142,7 +142,7 @@ fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
     let mut docs = vec![];
     for (name, text) in &files {
         let unusable = |e: String| Unusable(format!("{name}: {e}"));
-        for d in documents(text).map_err(unusable)? {
+        for d in read(text, default_ns).map_err(unusable)? {
             docs.push((name.as_str(), d));
         }
     }
@@ -150,12 +150,12 @@ fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
     if let Some(path) = &a.cluster_state {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| Unusable(format!("{name}: {e}")))?;
-        for (i, d) in documents(&text)
+        for (i, d) in read(&text, default_ns)
             .map_err(|e| Unusable(format!("{name}: {e}")))?
             .iter()
             .enumerate()
         {
-            add_context(&mut input.context, d, default_ns)
+            add_context(&mut input.context, d)
                 .map_err(|e| Unusable(format!("{name}: document {}: {e}", i + 1)))?;
         }
     }
@@ -269,7 +269,9 @@ fn manifest_files(dir: &Path, recursive: bool, out: &mut Vec<PathBuf>) -> std::i
 }
 
 /// The documents of an input: one JSON value, or YAML documents; a `kind: List` stands for
-/// its items.
+/// its items. YAML is read as kubectl reads it (sigs.k8s.io/yaml, whose scalars are YAML
+/// 1.1's): `0644` is the octal 420, `yes`/`no`/`on`/`off` are booleans, so that a file
+/// means to `review` what it means to the apiserver `kubectl apply` sends it to.
 pub fn documents(text: &str) -> Result<Vec<Value>, String> {
     if text.trim().is_empty() {
         return Err("empty input: expected a Pod, a workload or an AdmissionReview".into());
@@ -277,8 +279,14 @@ pub fn documents(text: &str) -> Result<Vec<Value>, String> {
     // JSON first: it is exact for what the apiserver sends; YAML covers the rest.
     let docs = match serde_json::from_str::<Value>(text) {
         Ok(v) => vec![v],
-        Err(_) => serde_saphyr::from_multiple::<Value>(text)
-            .map_err(|e| format!("neither JSON nor YAML: {e}"))?,
+        Err(_) => {
+            let options = serde_saphyr::options! {
+                legacy_octal_numbers: true,
+                strict_booleans: false,
+            };
+            serde_saphyr::from_multiple_with_options::<Value>(text, options)
+                .map_err(|e| format!("neither JSON nor YAML: {e}"))?
+        }
     };
     let mut out = Vec::with_capacity(docs.len());
     for d in docs {
@@ -292,6 +300,70 @@ pub fn documents(text: &str) -> Result<Vec<Value>, String> {
         }
     }
     Ok(out)
+}
+
+/// [`documents`], each namespaced object written without a namespace placed in
+/// `namespace`, whatever its kind, as `kubectl apply -n` places it: the one reader of every
+/// input (the files reviewed, `--cluster-state`), so that a TrainingRuntime and the
+/// TrainJob beside it, or a claim template and its pod, meet in one namespace.
+pub fn read(text: &str, namespace: &str) -> Result<Vec<Value>, String> {
+    let mut docs = documents(text)?;
+    for d in &mut docs {
+        place_namespace(d, namespace);
+    }
+    Ok(docs)
+}
+
+/// The kinds whose objects have no namespace (those a cluster serves that a review may
+/// meet; any other kind is namespaced, as a custom resource usually is).
+const CLUSTER_SCOPED: &[&str] = &[
+    "APIService",
+    "CSIDriver",
+    "CSINode",
+    "ClusterQueue",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ClusterTrainingRuntime",
+    "Cohort",
+    "CustomResourceDefinition",
+    "DeviceClass",
+    "IngressClass",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
+    "MutatingWebhookConfiguration",
+    "Namespace",
+    "Node",
+    "PersistentVolume",
+    "PriorityClass",
+    "ResourceFlavor",
+    "ResourceSlice",
+    "RuntimeClass",
+    "StorageClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "ValidatingWebhookConfiguration",
+    "VolumeAttachment",
+    "WorkloadPriorityClass",
+];
+
+/// Puts a namespaced object written without a namespace in `namespace`.
+fn place_namespace(doc: &mut Value, namespace: &str) {
+    let Some(kind) = doc.get("kind").and_then(Value::as_str) else {
+        return;
+    };
+    if kind == "AdmissionReview" || CLUSTER_SCOPED.contains(&kind) {
+        return;
+    }
+    let Some(Value::Object(meta)) = doc.get_mut("metadata") else {
+        return;
+    };
+    if meta
+        .get("namespace")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        meta.insert("namespace".into(), Value::from(namespace));
+    }
 }
 
 /// The namespace a subject is reviewed in: `--namespace`, else its own, else `default`.
@@ -320,38 +392,25 @@ fn namespace_object(name: &str, labels: &BTreeMap<String, String>) -> Namespace 
 /// Adds `doc` to `context` if it is a context object (a ResourceClaim or
 /// ResourceClaimTemplate of any served `resource.k8s.io` version, read as v1, a Namespace,
 /// a Node, a ResourceQuota, a DeviceClass, a Trainer runtime or a Kueue LocalQueue or
-/// ClusterQueue); false if it is another kind. A claim,
-/// template or quota written without a namespace lands in `namespace`, as kubectl puts it;
-/// a Namespace gets the name label the apiserver sets on every namespace. With one Node,
+/// ClusterQueue); false if it is another kind. An object is taken in the namespace it has
+/// ([`read`] placed those written without one); a Namespace gets the name label the
+/// apiserver sets on every namespace. With one Node,
 /// quota or DeviceClass, the context knows them all: those it holds, none elsewhere.
-pub fn add_context(context: &mut Objects, doc: &Value, namespace: &str) -> Result<bool, String> {
+pub fn add_context(context: &mut Objects, doc: &Value) -> Result<bool, String> {
     let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
     let api = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     let dra = cluster::DRA_API_VERSIONS.contains(&api);
-    let in_namespace = |doc: &Value| {
-        let mut doc = doc.clone();
-        if doc
-            .pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .is_none_or(str::is_empty)
-        {
-            if let Some(Value::Object(m)) = doc.get_mut("metadata") {
-                m.insert("namespace".into(), Value::from(namespace));
-            }
-        }
-        doc
-    };
     let device_class = matches!(
         api,
         "resource.k8s.io/v1" | "resource.k8s.io/v1beta2" | "resource.k8s.io/v1beta1"
     );
     match (kind, api) {
-        ("ResourceClaim", _) if dra => context.add_claim(cluster::claim_from(&in_namespace(doc))?),
+        ("ResourceClaim", _) if dra => context.add_claim(cluster::claim_from(doc)?),
         ("Node", "v1") => {
             context.add_node(serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?)
         }
         ("ResourceQuota", "v1") => {
-            context.add_quota(serde_json::from_value(in_namespace(doc)).map_err(|e| e.to_string())?)
+            context.add_quota(serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?)
         }
         ("DeviceClass", _) if device_class => context.add_device_class(
             doc.pointer("/metadata/name")
@@ -360,7 +419,7 @@ pub fn add_context(context: &mut Objects, doc: &Value, namespace: &str) -> Resul
                 .to_owned(),
         ),
         ("ResourceClaimTemplate", _) if dra => {
-            context.add_template(cluster::claim_template_from(&in_namespace(doc))?)
+            context.add_template(cluster::claim_template_from(doc)?)
         }
         ("Namespace", "v1") => {
             let mut ns: Namespace =
@@ -375,7 +434,7 @@ pub fn add_context(context: &mut Objects, doc: &Value, namespace: &str) -> Resul
         }
         // The queues a workload labelled for Kueue is admitted through, read as JSON.
         ("LocalQueue", _) if cluster::KUEUE_API_VERSIONS.contains(&api) => {
-            return Ok(context.add_kueue_queue(in_namespace(doc)));
+            return Ok(context.add_kueue_queue(doc.clone()));
         }
         ("ClusterQueue", _) if cluster::KUEUE_API_VERSIONS.contains(&api) => {
             return Ok(context.add_kueue_queue(doc.clone()));
@@ -455,7 +514,7 @@ pub fn split<'f>(
                 ))
             }
             "Pod" | "AdmissionReview" => Entry::Subject(d),
-            _ if add_context(&mut input.context, &d, namespace)
+            _ if add_context(&mut input.context, &d)
                 .map_err(|e| format!("{file}: document {}: a {kind} ({api}): {e}", i + 1))? =>
             {
                 continue

@@ -113,7 +113,7 @@ pub fn run(
 
 /// The CREATE review the apiserver would send for `object` (a Pod, or any object of a kind
 /// the policy knows), from `user` in `groups` (`system:authenticated` added, as the
-/// apiserver adds it to every authenticated user).
+/// apiserver adds it to every authenticated user), the object in the review's namespace.
 pub fn synthetic_review(
     object: &Value,
     namespace: Option<&str>,
@@ -140,6 +140,18 @@ pub fn synthetic_review(
     let resource = format!("{}s", kind.to_ascii_lowercase());
     let mut groups = groups.to_vec();
     groups.push("system:authenticated".into());
+    // The apiserver puts an object written without a namespace in the request's before
+    // the webhooks see it.
+    let mut object = object.clone();
+    if let Some(Value::Object(meta)) = object.get_mut("metadata") {
+        if meta
+            .get("namespace")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            meta.insert("namespace".into(), Value::from(namespace));
+        }
+    }
     json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
