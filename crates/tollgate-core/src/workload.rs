@@ -1037,6 +1037,19 @@ fn feasibility(
     queue: Option<&str>,
     out: &mut Validated,
 ) -> Vec<String> {
+    if let Some(manager) = managed_elsewhere(w.object) {
+        // MultiKueue (or another controller) runs it: this cluster's quotas, nodes and
+        // queues say nothing of where its pods will run.
+        out.warnings.push(format!(
+            "tollgate: {subject} is managed by {}: its pods run where that controller puts them (for MultiKueue, on a worker cluster), so this cluster's quotas and nodes were not held to it",
+            crate::words::quote(&manager)
+        ));
+        return vec![];
+    }
+    // Kueue's partial admission: a Job whose pods Kueue may admit fewer of, down to this.
+    let partial = partial_admission(w);
+    let mut kueue_min_total = Usage::default();
+    let mut kueue_min_pods: i128 = 0;
     let mut found: Vec<(feasible::Finding, bool)> = vec![];
     let mut unknown: Vec<String> = vec![];
     // The quotas its pods are held to together: what they ask in all, how many they are,
@@ -1073,6 +1086,9 @@ fn feasibility(
             kueue_total.add(&all);
             kueue_pods += t.pods;
             kueue_enforce |= t.enforce;
+            let least = partial.map_or(t.pods, |min| min.min(t.pods));
+            kueue_min_total.add(&f.usage.times(least));
+            kueue_min_pods += least;
             continue;
         }
         if t.pods <= 1 && !w.kind.together {
@@ -1123,7 +1139,34 @@ fn feasibility(
         }
     }
     if let Some(queue) = &queue {
-        match feasible::kueue(queue, w.who.namespace, cluster, &kueue_total, kueue_pods) {
+        let ns = w.who.namespace;
+        match feasible::kueue(queue, ns, cluster, &kueue_total, kueue_pods) {
+            // Partially admissible: what must fit is the least Kueue admits it with.
+            Ok(findings) if kueue_min_pods < kueue_pods && findings.iter().any(|f| f.never) => {
+                match feasible::kueue(queue, ns, cluster, &kueue_min_total, kueue_min_pods) {
+                    Ok(least) if least.iter().any(|f| f.never) => found.extend(least.into_iter().map(|mut f| {
+                        f.message = format!(
+                            "even at the {kueue_min_pods} pods of its {PARTIAL_ADMISSION} annotation, {}",
+                            f.message
+                        );
+                        (f, kueue_enforce)
+                    })),
+                    Ok(least) => {
+                        found.extend(least.into_iter().map(|f| (f, kueue_enforce)));
+                        found.push((
+                            feasible::Finding {
+                                never: false,
+                                in_turns: true,
+                                message: format!(
+                                    "its {kueue_pods} pods do not fit its Kueue ClusterQueue all at once, but its {PARTIAL_ADMISSION} annotation lets Kueue admit it with fewer (at least {kueue_min_pods}): it runs with fewer pods at a time"
+                                ),
+                            },
+                            false,
+                        ));
+                    }
+                    Err(what) => unknown.push(what),
+                }
+            }
             Ok(findings) => found.extend(findings.into_iter().map(|f| (f, kueue_enforce))),
             Err(what) => unknown.push(what),
         }
@@ -1174,6 +1217,43 @@ fn feasibility(
     }
     out.feasibility = found.into_iter().map(|(f, _)| f).collect();
     never
+}
+
+/// Kueue's partial admission of a batch/v1 Job: with this annotation Kueue may admit it
+/// with its parallelism lowered down to the annotation's value (which Kueue's webhook holds
+/// between 1 and the parallelism less one).
+pub const PARTIAL_ADMISSION: &str = "kueue.x-k8s.io/job-min-parallelism";
+
+/// The least parallelism Kueue may admit a Job with, where it allows partial admission.
+fn partial_admission(w: &Workload<'_>) -> Option<i128> {
+    if (w.kind.group.as_str(), w.kind.kind.as_str()) != ("batch", "Job") {
+        return None;
+    }
+    w.object
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(PARTIAL_ADMISSION))
+        .and_then(Value::as_str)
+        .and_then(|v| v.trim().parse::<i128>().ok())
+        .filter(|n| *n >= 1)
+}
+
+/// Where a workload says another controller runs it (`spec.managedBy`, or a Kubeflow
+/// job's `spec.runPolicy.managedBy`): MultiKueue's `kueue.x-k8s.io/multikueue`, or any
+/// value but the kind's own controller's. None: this cluster's controller runs it.
+fn managed_elsewhere(object: &Value) -> Option<String> {
+    const OWN: &[&str] = &[
+        "kubernetes.io/job-controller",
+        "jobset.sigs.k8s.io/jobset-controller",
+        "trainer.kubeflow.org/trainjob-controller",
+        "kubeflow.org/training-operator",
+        "kubeflow.org/mpi-operator",
+        "ray.io/kuberay-operator",
+    ];
+    ["/spec/managedBy", "/spec/runPolicy/managedBy"]
+        .iter()
+        .find_map(|p| object.pointer(p).and_then(Value::as_str))
+        .filter(|m| !m.is_empty() && !OWN.contains(m))
+        .map(str::to_owned)
 }
 
 /// An object's labels (`metadata.labels`, string values only, as the apiserver allows).
