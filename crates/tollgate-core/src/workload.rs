@@ -328,15 +328,40 @@ fn build(
     let from = w.kind.from.as_ref()?;
     let src = &from.training_runtime;
     let ns = w.who.namespace;
+    let path = src.train_job_template.as_str();
+    let trainjob = held_trainjob(path, w.object);
     Some(
-        trainjob::build(src, w.object, name, ns, cluster).map(|object| Built {
+        trainjob::build(src, trainjob.as_ref(), name, ns, cluster).map(|object| Built {
             object,
             // The old object's, where its runtime is known: else every template is new.
-            old: w
-                .old
-                .and_then(|o| trainjob::build(src, o, workload_name(o), ns, cluster).ok()),
+            old: w.old.and_then(|o| {
+                trainjob::build(src, &held_trainjob(path, o), workload_name(o), ns, cluster).ok()
+            }),
         }),
     )
+}
+
+/// The TrainJob a workload makes: itself, or the one it holds at `path` (its `metadata` and
+/// `spec`, as an OptimizationJob's trials are made of its `spec.trainJobTemplate`).
+fn held_trainjob<'v>(path: &str, workload: &'v Value) -> std::borrow::Cow<'v, Value> {
+    if path.is_empty() {
+        return std::borrow::Cow::Borrowed(workload);
+    }
+    let pointer = format!("/{}", path.replace('.', "/"));
+    let held = workload.pointer(&pointer);
+    let mut metadata = held
+        .and_then(|t| t.get("metadata"))
+        .cloned()
+        .unwrap_or_else(|| Value::Object(Default::default()));
+    if let (Value::Object(m), Some(name)) = (&mut metadata, workload.pointer("/metadata/name")) {
+        m.insert("name".into(), name.clone());
+    }
+    std::borrow::Cow::Owned(serde_json::json!({
+        "apiVersion": workload.get("apiVersion"),
+        "kind": "TrainJob",
+        "metadata": metadata,
+        "spec": held.and_then(|t| t.get("spec")).cloned().unwrap_or(Value::Null),
+    }))
 }
 
 impl<'v> Source<'v> {
@@ -1171,8 +1196,30 @@ fn feasibility(
             Err(what) => unknown.push(what),
         }
     }
+    let copies = copies_of(w);
     for (q, usage, pods, enforce) in &together {
-        for o in feasible::over(q, usage, *pods) {
+        let one = feasible::over(q, usage, *pods);
+        // Copies that each fit, but not all at once: fewer run at a time.
+        if copies > 1 && one.is_empty() {
+            for o in feasible::over(q, &usage.times(copies), pods.saturating_mul(copies)) {
+                found.push((
+                    feasible::Finding {
+                        never: false,
+                        in_turns: o.never,
+                        message: format!(
+                            "{} allows {}: {}, and {copies} at once ({}: {copies}) of its {pods} pods that run together ask for {} in all: fewer than {copies} run at a time",
+                            feasible::quota_subject(q),
+                            o.key,
+                            o.limit,
+                            w.kind.copies,
+                            o.asked
+                        ),
+                    },
+                    false,
+                ));
+            }
+        }
+        for o in one {
             let message = if o.never {
                 format!(
                     "{} allows {}: {}, and its {pods} pods, which must run together, ask for {} in all: it can never run. Lower the replicas or what each pod asks for, or ask your platform team to raise the quota",
@@ -1217,6 +1264,20 @@ fn feasibility(
     }
     out.feasibility = found.into_iter().map(|(f, _)| f).collect();
     never
+}
+
+/// How many copies of its pods a workload runs at once (its kind's `copies`; 1 where the
+/// kind has none, or the path is absent or not a positive number).
+fn copies_of(w: &Workload<'_>) -> i128 {
+    if w.kind.copies.is_empty() {
+        return 1;
+    }
+    let pointer = format!("/{}", w.kind.copies.replace('.', "/"));
+    w.object
+        .pointer(&pointer)
+        .and_then(Value::as_i64)
+        .filter(|n| *n >= 1)
+        .map_or(1, i128::from)
 }
 
 /// Kueue's partial admission of a batch/v1 Job: with this annotation Kueue may admit it

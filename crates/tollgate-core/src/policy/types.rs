@@ -230,6 +230,12 @@ pub struct WorkloadKind {
     /// quota must hold them all at once; otherwise they may run in turns (a Job's).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub together: bool,
+    /// How many copies of its pods run at once, each on its own, as a path in the workload
+    /// (an OptimizationJob's `spec.parallelTrials`; 1 where absent): the quota must hold one
+    /// copy (together, if `together`); more copies than it holds at once run fewer at a
+    /// time, which is only said.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub copies: String,
 }
 
 /// Where one kind of template is, and how messages name it.
@@ -294,6 +300,11 @@ pub struct TemplatesFrom {
 pub struct TrainingRuntimeSource {
     #[serde(default)]
     pub resources_per_node: ResourcesPerNode,
+    /// Where the workload holds the TrainJob it makes, as a path to an object with the
+    /// TrainJob's `metadata` and `spec` (an OptimizationJob's `spec.trainJobTemplate`, each
+    /// trial one TrainJob); empty: the workload is the TrainJob.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub train_job_template: String,
 }
 
 /// What `spec.trainer.resourcesPerNode` does to the runtime's `node` container.

@@ -85,7 +85,7 @@ rules:
   - apiGroups: ["trainer.kubeflow.org"]
     apiVersions: ["v1alpha1"]
     operations: ["CREATE", "UPDATE"]
-    resources: ["trainjobs"]
+    resources: ["trainjobs", "optimizationjobs"]
     scope: Namespaced
   - apiGroups: ["ray.io"]
     apiVersions: ["v1"]
