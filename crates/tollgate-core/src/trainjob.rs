@@ -511,6 +511,7 @@ mod tests {
         // Before Trainer v2.3 resourcesPerNode replaced the runtime's.
         let source = TrainingRuntimeSource {
             resources_per_node: ResourcesPerNode::Replace,
+            ..TrainingRuntimeSource::default()
         };
         let built = apply(&source, &job, "t", &torch_distributed());
         assert_eq!(
