@@ -240,12 +240,6 @@ fn unusable_input_exits_2_with_a_reason() {
             "no kind",
         ),
         (
-            "only context",
-            vec!["review", "-"],
-            Some(&b"kind: Namespace\napiVersion: v1\nmetadata: {name: ml}\n"[..]),
-            "nothing to review",
-        ),
-        (
             "missing file",
             vec!["review", "no/such/file.yaml"],
             None,
@@ -837,4 +831,68 @@ fn a_runtime_and_its_trainjob_without_a_namespace_meet_in_one() {
             );
         }
     }
+}
+
+#[test]
+fn a_file_of_context_alone_is_listed_and_exits_0() {
+    // A platform team's repository of quotas and namespaces: nothing to refuse, each listed
+    // (issue 29; it was "nothing to review", exit 2).
+    let out = tollgate(
+        &["review", "-"],
+        Some(
+            &b"kind: Namespace\napiVersion: v1\nmetadata: {name: ml}\n---\napiVersion: v1\nkind: ResourceQuota\nmetadata: {name: q}\nspec: {hard: {requests.cpu: \"4\"}}\n"[..],
+        ),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("namespace /ml (v1): not reviewed: cluster context"),
+        "{text}"
+    );
+    assert!(
+        text.contains("resourcequota default/q (v1): not reviewed: cluster context"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_file_of_runtimes_alone_judges_each() {
+    // A runtime whose dataset step's container no TrainJob can give requests to: admitted,
+    // with a warning naming the step and the container; the trainer step's node container
+    // (which resourcesPerNode reaches) is not blamed.
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "mutation:\n  defaultResources:\n    enabled: false\n",
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(
+        common::root().join("tests/data/review/trainjob-and-runtime-without-namespace.yaml"),
+    )
+    .unwrap();
+    let runtime_only = &text[..text.find("\n---").unwrap()];
+    let out = tollgate(
+        &["review", "--policy", policy.to_str().unwrap(), "-"],
+        Some(runtime_only.as_bytes()),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("trainingruntime default/torch-with-data-step: allowed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("replicated job dataset-initializer: container \"dataset-initializer\" has no request for cpu and memory, and no TrainJob can give it one"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("container \"node\" has no request"),
+        "{text}"
+    );
 }

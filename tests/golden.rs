@@ -11,8 +11,7 @@
 //!   Kubeflow Trainer runtimes (TrainingRuntimes, ClusterTrainingRuntimes), Nodes,
 //!   ResourceQuotas, DeviceClasses and Kueue's LocalQueues and ClusterQueues: the
 //!   cluster context of the review (the engine and the HTTP router get them as the
-//!   server's context; `tollgate review` gets them in the same file as the input, as a
-//!   user would write it);
+//!   server's context; `tollgate review` gets them as `--cluster-state`);
 //! - the expected output: `response.json` (the AdmissionReview returned, with the patch
 //!   decoded for reading) and, for mutate cases, `mutated.yaml` (the input pod or workload
 //!   with the patch applied).
@@ -235,19 +234,19 @@ async fn via_http(case: &Case, body: Vec<u8>) -> Vec<u8> {
 }
 
 fn via_cli(case: &Case) -> Value {
-    // With a context, the input and the context go in one file, as a user writes them.
-    let combined = case.context_text.as_ref().map(|context| {
-        let input = std::fs::read_to_string(&case.input_path).unwrap();
-        let file = tempfile::Builder::new().suffix(".yaml").tempfile().unwrap();
-        std::fs::write(file.path(), format!("{input}\n---\n{context}")).unwrap();
-        file
-    });
-    let input_path = combined
-        .as_ref()
-        .map_or(case.input_path.clone(), |f| f.path().to_owned());
+    // With a context, it goes in as the saved picture of the cluster (`--cluster-state`):
+    // in the input itself, a runtime would be reviewed too (tests/cli.rs has the input as
+    // its own context).
+    let input_path = case.input_path.clone();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    if case.context_text.is_some() {
+        cmd.arg("review")
+            .arg("--cluster-state")
+            .arg(case.dir.join("context.yaml"));
+    } else {
+        cmd.arg("review");
+    }
     cmd.args([
-        "review",
         "--output",
         "json",
         "--stage",

@@ -159,11 +159,23 @@ fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
                 .map_err(|e| Unusable(format!("{name}: document {}: {e}", i + 1)))?;
         }
     }
-    if input.entries.is_empty() {
+    if input.entries.is_empty() && input.context_only.is_empty() {
         return Err(Unusable(format!(
-            "{}: nothing to review: no Pod, workload or AdmissionReview, only the cluster context they would use",
+            "{}: nothing to review: no Pod, workload or AdmissionReview",
             a.file
         )));
+    }
+    // Context alone (a repository of quotas, say): listed, nothing refused.
+    let context_only = std::mem::take(&mut input.context_only);
+    if input.entries.is_empty() {
+        let file = a.file.as_str();
+        input.entries = context_only
+            .into_iter()
+            .map(|s| Entered {
+                file,
+                what: Entry::Skipped(s),
+            })
+            .collect();
     }
     let mut results = Vec::with_capacity(input.entries.len());
     for entry in &input.entries {
@@ -454,9 +466,18 @@ const NAME_LABEL: &str = "kubernetes.io/metadata.name";
 /// An input's documents: what is reviewed (and what is not), and the cluster context it
 /// is reviewed in.
 pub struct Input<'f> {
-    /// Every object that is not context, in input order.
+    /// Every object that is not context (and the Trainer runtimes, which are both), in
+    /// input order.
     pub entries: Vec<Entered<'f>>,
     pub context: Objects,
+    /// The context objects (the runtimes aside): what an input of context alone lists.
+    pub context_only: Vec<Skipped>,
+}
+
+/// A Kubeflow Trainer TrainingRuntime or ClusterTrainingRuntime.
+fn is_runtime(api: &str, kind: &str) -> bool {
+    api.starts_with("trainer.kubeflow.org/")
+        && matches!(kind, "TrainingRuntime" | "ClusterTrainingRuntime")
 }
 
 /// One object of the input and where it came from.
@@ -494,6 +515,7 @@ pub fn split<'f>(
     let mut input = Input {
         entries: vec![],
         context: Objects::complete(),
+        context_only: vec![],
     };
     for (i, (file, d)) in docs.into_iter().enumerate() {
         let kind = d
@@ -517,7 +539,28 @@ pub fn split<'f>(
             _ if add_context(&mut input.context, &d)
                 .map_err(|e| format!("{file}: document {}: a {kind} ({api}): {e}", i + 1))? =>
             {
-                continue
+                // A Trainer runtime is context for the TrainJobs beside it, and judged
+                // itself: what no TrainJob on it can supply.
+                if is_runtime(&api, &kind) {
+                    Entry::Subject(d)
+                } else {
+                    input.context_only.push(Skipped {
+                        reason: "cluster context: what the objects reviewed beside it are judged against".into(),
+                        kind: kind.clone(),
+                        namespace: d
+                            .pointer("/metadata/namespace")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned(),
+                        name: d
+                            .pointer("/metadata/name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_owned(),
+                        api_version: api,
+                    });
+                    continue;
+                }
             }
             k if is_workload(policy, &api, k) => Entry::Subject(d),
             k => Entry::Skipped(Skipped {
@@ -763,7 +806,7 @@ pub fn run_review(
     let review = match kind {
         "AdmissionReview" => value.clone(),
         "Pod" => synthetic_review(value, a.namespace.as_deref(), &a.user, &a.groups),
-        k if is_workload(policy, api, k) => {
+        k if is_workload(policy, api, k) || is_runtime(api, k) => {
             synthetic_review(value, a.namespace.as_deref(), &a.user, &a.groups)
         }
         "" => return Err("no kind: expected a Pod, a workload or an AdmissionReview".into()),

@@ -23,6 +23,7 @@ use crate::parse::{self, Peeked};
 use crate::policy::{Operation, Policy};
 use crate::profile::{self, PodLabels};
 use crate::requester::Requester;
+use crate::trainjob;
 use crate::validate::{Missing, Verdict};
 use crate::workload::{self, TemplateVerdict, Workload};
 
@@ -805,6 +806,22 @@ fn review_workload(
     reviewed.profile = selected.profile.map(str::to_owned);
     reviewed.unresolved.extend(selected.unresolved);
     let gvk = &req.kind;
+    if gvk.group == trainjob::GROUP
+        && matches!(
+            gvk.kind.as_str(),
+            "TrainingRuntime" | "ClusterTrainingRuntime"
+        )
+    {
+        return review_runtime(
+            stages,
+            selected.policy,
+            cluster,
+            reviewed,
+            &object,
+            who,
+            selected.warning,
+        );
+    }
     let Some(kind) = selected
         .policy
         .workloads
@@ -888,6 +905,40 @@ fn review_workload(
             out.response.result =
                 Status::failure(v.message.as_deref().unwrap_or("denied"), "Forbidden")
                     .with_code(403);
+        }
+        if !warnings.is_empty() {
+            out.response.warnings = Some(warnings);
+        }
+        staged.validate = Some(out);
+    }
+    staged
+}
+
+/// A Kubeflow Trainer runtime: nothing to mutate; validated by the pods a TrainJob on it
+/// would make (`workload::validate_runtime`), and always admitted, what no TrainJob can
+/// supply said in warnings.
+fn review_runtime(
+    stages: Stages,
+    policy: &Policy,
+    cluster: &dyn Cluster,
+    reviewed: Reviewed,
+    object: &Value,
+    who: Requester<'_>,
+    profile_warning: Option<String>,
+) -> Staged {
+    let mut staged = Staged::default();
+    if stages != Stages::Validate {
+        staged.mutate = Some(reviewed.as_endpoint(Endpoint::Mutate));
+    }
+    if stages != Stages::Mutate {
+        let mut out = reviewed.as_endpoint(Endpoint::Validate);
+        let mut warnings: Vec<String> = profile_warning.into_iter().collect();
+        if policy.workloads.enabled {
+            if let Some(v) = workload::validate_runtime(policy, cluster, object, who) {
+                warnings.extend(v.warnings);
+                out.unresolved.extend(v.unresolved);
+                set_workload(&mut out, v.templates, v.verdict, None);
+            }
         }
         if !warnings.is_empty() {
             out.response.warnings = Some(warnings);

@@ -1266,6 +1266,171 @@ fn feasibility(
     never
 }
 
+/// A TrainingRuntime or ClusterTrainingRuntime judged at apply (and by `review`): as a
+/// TrainJob on it would make its pods, through the policy's TrainJob kind (None where the
+/// policy has none, or `runtime` is not a runtime). What no TrainJob can supply is said of
+/// each step: the runtime is judged as the TrainJob whose `resourcesPerNode` requests every
+/// resource the policy requires, so that what the TrainJob reaches (the trainer step's
+/// `node` container) is never blamed on the runtime, and every container still lacking a
+/// request is one each TrainJob on the runtime will be refused for. Never refused: runtimes
+/// are installed cluster-wide, often by the Trainer's own manifests; a warning says it.
+pub fn validate_runtime(
+    policy: &Policy,
+    cluster: &dyn Cluster,
+    runtime: &Value,
+    who: Requester<'_>,
+) -> Option<Validated> {
+    let kind = policy
+        .workloads
+        .kinds
+        .iter()
+        .find(|k| k.group == trainjob::GROUP && k.kind == "TrainJob" && k.from.is_some())?;
+    let runtime_kind = runtime.get("kind").and_then(Value::as_str)?;
+    if !matches!(runtime_kind, "TrainingRuntime" | "ClusterTrainingRuntime") {
+        return None;
+    }
+    let name = runtime.pointer("/metadata/name").and_then(Value::as_str)?;
+    let mut required: Vec<&str> = policy
+        .validation
+        .required_requests
+        .iter()
+        .map(String::as_str)
+        .collect();
+    for p in policy.profiles.iter().filter_map(|p| p.policy()) {
+        required.extend(p.validation.required_requests.iter().map(String::as_str));
+    }
+    required.sort_unstable();
+    required.dedup();
+    let requests: Map<String, Value> = required
+        .iter()
+        .map(|r| ((*r).to_owned(), Value::from("1")))
+        .collect();
+    let trainjob = serde_json::json!({
+        "apiVersion": format!("{}/v1alpha1", trainjob::GROUP),
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": who.namespace},
+        "spec": {
+            "runtimeRef": {"apiGroup": trainjob::GROUP, "kind": runtime_kind, "name": name},
+            "trainer": {"resourcesPerNode": {"requests": requests}},
+        },
+    });
+    let known = KnownRuntime {
+        inner: cluster,
+        runtime: Arc::new(runtime.clone()),
+        cluster_scoped: runtime_kind == "ClusterTrainingRuntime",
+        namespace: who.namespace,
+        name,
+    };
+    let w = Workload {
+        kind,
+        object: &trainjob,
+        old: None,
+        operation: Operation::Create,
+        who,
+    };
+    let judged = validate(policy, &known, &w);
+    let subject = format!("{} {name:?}", runtime_kind.to_ascii_lowercase());
+    let mut out = Validated {
+        allowed: true,
+        verdict: judged.verdict,
+        templates: judged.templates,
+        unresolved: judged.unresolved,
+        ..Default::default()
+    };
+    for t in &judged.judged {
+        let Some(d) = t.judgement.as_ref().and_then(|j| j.validation.as_ref()) else {
+            continue;
+        };
+        let here = match &t.label {
+            Some(l) => format!("{subject}, {l}"),
+            None => subject.clone(),
+        };
+        for m in &d.missing {
+            out.warnings.push(format!(
+                "tollgate: {here}: {} {:?} has no request for {}, and no TrainJob can give it one (spec.trainer.resourcesPerNode reaches only the {:?} container of the trainer step): every TrainJob on this runtime is refused until the runtime sets it",
+                m.noun,
+                m.container,
+                crate::words::join_words(&m.resources),
+                trainjob::NODE
+            ));
+        }
+    }
+    out.judged = judged.judged;
+    Some(out)
+}
+
+/// The cluster as the review knows it, and the runtime being judged in it (at its
+/// creation it is in no cache yet).
+struct KnownRuntime<'a> {
+    inner: &'a dyn Cluster,
+    runtime: Arc<Value>,
+    cluster_scoped: bool,
+    namespace: &'a str,
+    name: &'a str,
+}
+
+impl Cluster for KnownRuntime<'_> {
+    fn resource_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> crate::cluster::Lookup<Arc<k8s_openapi::api::resource::v1::ResourceClaim>> {
+        self.inner.resource_claim(namespace, name)
+    }
+    fn resource_claim_template(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> crate::cluster::Lookup<Arc<k8s_openapi::api::resource::v1::ResourceClaimTemplate>> {
+        self.inner.resource_claim_template(namespace, name)
+    }
+    fn namespace(
+        &self,
+        name: &str,
+    ) -> crate::cluster::Lookup<Arc<k8s_openapi::api::core::v1::Namespace>> {
+        self.inner.namespace(name)
+    }
+    fn training_runtime(&self, namespace: &str, name: &str) -> crate::cluster::Lookup<Arc<Value>> {
+        if !self.cluster_scoped && namespace == self.namespace && name == self.name {
+            return crate::cluster::Lookup::Found(self.runtime.clone());
+        }
+        self.inner.training_runtime(namespace, name)
+    }
+    fn cluster_training_runtime(&self, name: &str) -> crate::cluster::Lookup<Arc<Value>> {
+        if self.cluster_scoped && name == self.name {
+            return crate::cluster::Lookup::Found(self.runtime.clone());
+        }
+        self.inner.cluster_training_runtime(name)
+    }
+    fn is_offline(&self) -> bool {
+        self.inner.is_offline()
+    }
+    fn nodes(&self) -> Option<crate::cluster::Lookup<Arc<crate::capacity::Nodes>>> {
+        self.inner.nodes()
+    }
+    fn resource_quotas(
+        &self,
+        namespace: &str,
+    ) -> Option<crate::cluster::Lookup<Arc<[Arc<ResourceQuota>]>>> {
+        self.inner.resource_quotas(namespace)
+    }
+    fn device_classes(
+        &self,
+    ) -> Option<crate::cluster::Lookup<Arc<std::collections::BTreeSet<String>>>> {
+        self.inner.device_classes()
+    }
+    fn kueue_local_queue(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<crate::cluster::Lookup<Arc<Value>>> {
+        self.inner.kueue_local_queue(namespace, name)
+    }
+    fn kueue_cluster_queue(&self, name: &str) -> Option<crate::cluster::Lookup<Arc<Value>>> {
+        self.inner.kueue_cluster_queue(name)
+    }
+}
+
 /// How many copies of its pods a workload runs at once (its kind's `copies`; 1 where the
 /// kind has none, or the path is absent or not a positive number).
 fn copies_of(w: &Workload<'_>) -> i128 {

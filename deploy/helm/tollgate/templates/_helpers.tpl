@@ -104,6 +104,21 @@ rules:
     scope: Namespaced
 {{- end }}
 
+{{/* The validating webhook's rules for Kubeflow Trainer's runtimes (never refused: judged
+     by the pods a TrainJob on them would make, a warning for what no TrainJob supplies). */}}
+{{- define "tollgate.runtimeRules" -}}
+- apiGroups: ["trainer.kubeflow.org"]
+  apiVersions: ["v1alpha1"]
+  operations: ["CREATE", "UPDATE"]
+  resources: ["trainingruntimes"]
+  scope: Namespaced
+- apiGroups: ["trainer.kubeflow.org"]
+  apiVersions: ["v1alpha1"]
+  operations: ["CREATE", "UPDATE"]
+  resources: ["clustertrainingruntimes"]
+  scope: Cluster
+{{- end }}
+
 {{/* cert-manager's cainjector annotation, in cert-manager mode. */}}
 {{- define "tollgate.injectCa" -}}
 {{- if eq .Values.certificates.mode "cert-manager" }}
