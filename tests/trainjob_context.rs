@@ -158,7 +158,7 @@ async fn a_runtime_that_arrives_by_the_watch_judges_the_trainjob() {
         return;
     };
     let admin = cp.client("admin").await;
-    context::install_crds(&admin, "trainer.yaml").await;
+    context::install_crds(&admin, "tests/data/crds/trainer.yaml").await;
     let ns = cp.namespace("trainjob", &[]).await;
     // ClusterTrainingRuntimes are cluster-scoped: names of this test's own.
     let (bare, sized) = (context::unique("bare"), context::unique("torch-sized"));

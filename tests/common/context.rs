@@ -85,12 +85,12 @@ pub async fn patch_status(client: &Client, object: &Value, patch: Value) {
         .unwrap_or_else(|e| panic!("patching the status of {}: {e}", name_of(object)));
 }
 
-/// Installs the CRDs of `tests/data/crds/FILE` (kueue.yaml, trainer.yaml) and waits until
-/// each is Established. Idempotent: the tests of the binary install them in parallel, and
-/// an AlreadyExists is one of them having done it.
+/// Installs the CRDs of `FILE` (relative to the repository: tests/data/crds/kueue.yaml,
+/// tests/data/crds/trainer.yaml, the PolicyReport CRD deploy/ ships) and waits until each
+/// is Established. Idempotent: the tests of the binary install them in parallel, and an
+/// AlreadyExists is one of them having done it.
 pub async fn install_crds(client: &Client, file: &str) {
-    let text = std::fs::read_to_string(super::root().join("tests/data/crds").join(file)).unwrap();
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let docs = yaml_docs(file);
     let crds = Api::<DynamicObject>::all_with(
         client.clone(),
         &ApiResource::from_gvk_with_plural(
@@ -120,23 +120,40 @@ pub async fn install_crds(client: &Client, file: &str) {
     }
 }
 
-/// The rules of the ClusterRole deploy/base/rbac.yaml grants tollgate's ServiceAccount for
-/// its cluster context.
-pub fn shipped_rules() -> Vec<Value> {
-    let text = std::fs::read_to_string(super::root().join("deploy/base/rbac.yaml")).unwrap();
+/// The YAML documents of `file` (relative to the repository) that are objects.
+fn yaml_docs(file: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(super::root().join(file)).unwrap();
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
-    let role = docs
-        .iter()
-        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "tollgate-cluster-context")
-        .expect("deploy/base/rbac.yaml's ClusterRole tollgate-cluster-context");
+    docs.into_iter()
+        .filter(|d| d.get("kind").is_some())
+        .collect()
+}
+
+/// The rules of the Role or ClusterRole `kind`/`name` of `file` (relative to the
+/// repository), as tollgate ships it.
+pub fn rules_of(file: &str, kind: &str, name: &str) -> Vec<Value> {
+    let role = yaml_docs(file)
+        .into_iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("{file} has no {kind} {name}"));
     role["rules"].as_array().unwrap().clone()
 }
 
+/// The rules of the ClusterRole deploy/base/rbac.yaml grants tollgate's ServiceAccount for
+/// its cluster context.
+pub fn shipped_rules() -> Vec<Value> {
+    rules_of(
+        "deploy/base/rbac.yaml",
+        "ClusterRole",
+        "tollgate-cluster-context",
+    )
+}
+
 /// Binds a ClusterRole of `rules` (created under a name of its own) to the ServiceAccount
-/// `tollgate` of `namespace`.
-pub async fn bind(cp: &ControlPlane, namespace: &str, rules: &[Value]) {
+/// `sa` of `namespace`.
+pub async fn bind(cp: &ControlPlane, namespace: &str, sa: &str, rules: &[Value]) {
     let admin = cp.client("admin").await;
-    let role = unique(&format!("tollgate-{namespace}"));
+    let role = unique(&format!("{sa}-{namespace}"));
     create(
         &admin,
         &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
@@ -148,17 +165,37 @@ pub async fn bind(cp: &ControlPlane, namespace: &str, rules: &[Value]) {
         &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
             "metadata": {"name": role},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": "tollgate", "namespace": namespace}]}),
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]}),
     )
     .await;
 }
 
-/// A kubeconfig acting as the ServiceAccount `tollgate` of `namespace` (the admin
-/// impersonating it, so that no token controller is needed: RBAC judges the
-/// ServiceAccount's user name and groups, as it would its token's).
-pub fn tollgate_kubeconfig(cp: &ControlPlane, namespace: &str) -> PathBuf {
+/// Binds a Role of `rules` in `namespace` to its ServiceAccount `sa`.
+pub async fn bind_in(cp: &ControlPlane, namespace: &str, sa: &str, rules: &[Value]) {
+    let admin = cp.client("admin").await;
+    let role = unique(sa);
+    create(
+        &admin,
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": role, "namespace": namespace}, "rules": rules}),
+    )
+    .await;
+    create(
+        &admin,
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": role, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]}),
+    )
+    .await;
+}
+
+/// A kubeconfig acting as the ServiceAccount `sa` of `namespace` (the admin impersonating
+/// it, so that no token controller is needed: RBAC judges the ServiceAccount's user name
+/// and groups, as it would its token's).
+pub fn sa_kubeconfig(cp: &ControlPlane, namespace: &str, sa: &str) -> PathBuf {
     cp.kubeconfig_as(
-        &format!("system:serviceaccount:{namespace}:tollgate"),
+        &format!("system:serviceaccount:{namespace}:{sa}"),
         &[
             "system:serviceaccounts",
             &format!("system:serviceaccounts:{namespace}"),
@@ -166,20 +203,27 @@ pub fn tollgate_kubeconfig(cp: &ControlPlane, namespace: &str) -> PathBuf {
     )
 }
 
-/// The ServiceAccount `tollgate` of `namespace`, bound to the ClusterRole tollgate ships,
-/// once the apiserver's authorizer has the binding (so that the server's first lists are
-/// not refused): its kubeconfig.
-pub async fn shipped_identity(cp: &ControlPlane, namespace: &str) -> PathBuf {
-    bind(cp, namespace, &shipped_rules()).await;
-    let kubeconfig = tollgate_kubeconfig(cp, namespace);
-    let client = cp.client_of(&kubeconfig).await;
-    net::until("the binding in force", async || {
-        Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
-            .list(&kube::api::ListParams::default().limit(1))
+/// Until `kubeconfig` may list `resource` of the core group cluster-wide: its binding in
+/// force in the apiserver's authorizer, so that a server's first lists are not refused.
+pub async fn until_may_list(cp: &ControlPlane, kubeconfig: &std::path::Path, resource: &str) {
+    let client = cp.client_of(kubeconfig).await;
+    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", ""), resource);
+    let api = Api::<DynamicObject>::all_with(client, &ar);
+    net::until(&format!("the binding in force ({resource})"), async || {
+        api.list(&kube::api::ListParams::default().limit(1))
             .await
             .is_ok()
     })
     .await;
+}
+
+/// The ServiceAccount `tollgate` of `namespace`, bound to the ClusterRole tollgate ships,
+/// once the apiserver's authorizer has the binding (so that the server's first lists are
+/// not refused): its kubeconfig.
+pub async fn shipped_identity(cp: &ControlPlane, namespace: &str) -> PathBuf {
+    bind(cp, namespace, "tollgate", &shipped_rules()).await;
+    let kubeconfig = sa_kubeconfig(cp, namespace, "tollgate");
+    until_may_list(cp, &kubeconfig, "nodes").await;
     kubeconfig
 }
 
