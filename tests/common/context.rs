@@ -117,6 +117,26 @@ pub async fn install_crds(client: &Client, file: &str) {
                 .any(|c| c["type"] == "Established" && c["status"] == "True")
         })
         .await;
+        // Established is not yet served in discovery everywhere; tollgate asks discovery
+        // once at start (and again only minutes later) which versions a group serves.
+        let group = doc["spec"]["group"].as_str().unwrap();
+        let plural = doc["spec"]["names"]["plural"].as_str().unwrap();
+        for v in doc["spec"]["versions"].as_array().unwrap() {
+            let gv = format!("{group}/{}", v["name"].as_str().unwrap());
+            net::until(&format!("{plural} in the discovery of {gv}"), async || {
+                let listed = client.list_api_groups().await.is_ok_and(|gs| {
+                    gs.groups
+                        .iter()
+                        .any(|g| g.versions.iter().any(|x| x.group_version == gv))
+                });
+                listed
+                    && client
+                        .list_api_group_resources(&gv)
+                        .await
+                        .is_ok_and(|rs| rs.resources.iter().any(|r| r.name == plural))
+            })
+            .await;
+        }
     }
 }
 
