@@ -25,8 +25,6 @@
 //!   (`without_kueue_the_quota_decides`), no Kubeflow Trainer (trainjob_context
 //!   `without_trainer_the_server_is_ready_and_allows_with_a_warning`): the real one serves
 //!   what it was started with and the CRDs the binary's other tests install;
-//! - 5,000 nodes held without a kubelet's writes, for `tollgate serve`'s memory
-//!   (feasibility_context `memory_of_5000_nodes`, ignored, run by hand);
 //! - and, until issue 28 moves them onto the real apiserver, the tests of
 //!   tests/audit.rs, audit_server.rs, self_managed_certs.rs, deploy.rs and monitoring.rs.
 //!
