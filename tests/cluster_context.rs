@@ -144,6 +144,22 @@ async fn reviews_read_claim_templates_from_the_watched_cache() {
             "{result}"
         );
     }
+    // The shipped RBAC lets every cache of what this apiserver serves list and watch.
+    for resource in [
+        "resourceclaims",
+        "resourceclaimtemplates",
+        "namespaces",
+        "nodes",
+        "resourcequotas",
+        "deviceclasses",
+    ] {
+        let r = [("resource", resource)];
+        assert_eq!(
+            metric(&server, "tollgate_cluster_cache_synced", &r).await,
+            Some(1.0),
+            "{resource}"
+        );
+    }
 
     // One that does not exist: fetched, found absent, said so; not fetched again at once.
     let mut c = Client::connect(server.addr(), &server.ca_pem, true).await;

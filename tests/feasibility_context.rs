@@ -467,6 +467,14 @@ async fn kueue_queues_arriving_by_watch_hold_a_workload_to_its_cluster_queue() {
     .await;
     let metrics = [("resource", "clusterqueues")];
     assert!(metric(&server, "tollgate_cluster_cache_objects", &metrics).await >= Some(1.0));
+    for resource in ["localqueues", "clusterqueues"] {
+        let r = [("resource", resource)];
+        assert_eq!(
+            metric(&server, "tollgate_cluster_cache_synced", &r).await,
+            Some(1.0),
+            "the shipped RBAC lets {resource} be listed"
+        );
+    }
     server.running.shutdown().await;
 }
 

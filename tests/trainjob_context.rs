@@ -219,6 +219,14 @@ async fn a_runtime_that_arrives_by_the_watch_judges_the_trainjob() {
     for result in ["found", "absent", "failed"] {
         assert_eq!(fetches(&server, result).await, 0.0, "{result}");
     }
+    for resource in ["trainingruntimes", "clustertrainingruntimes"] {
+        let r = [("resource", resource)];
+        assert_eq!(
+            net::metric(&server, "tollgate_cluster_cache_synced", &r).await,
+            Some(1.0),
+            "the shipped RBAC lets {resource} be listed"
+        );
+    }
 
     // One that does not exist: fetched, found absent, allowed with a warning that says so.
     let nowhere = context::unique("nowhere");
