@@ -161,7 +161,10 @@ async fn a_runtime_that_arrives_by_the_watch_judges_the_trainjob() {
     context::install_crds(&admin, "tests/data/crds/trainer.yaml").await;
     let ns = cp.namespace("trainjob", &[]).await;
     // ClusterTrainingRuntimes are cluster-scoped: names of this test's own.
-    let (bare, sized) = (context::unique("bare"), context::unique("torch-sized"));
+    let (bare, sized) = (
+        context::unique("ctx-bare"),
+        context::unique("ctx-torch-sized"),
+    );
     // Listed when the server starts.
     context::create(&admin, &runtime(&bare, json!({}))).await;
     let server = without_default_limits(
@@ -229,7 +232,7 @@ async fn a_runtime_that_arrives_by_the_watch_judges_the_trainjob() {
     }
 
     // One that does not exist: fetched, found absent, allowed with a warning that says so.
-    let nowhere = context::unique("nowhere");
+    let nowhere = context::unique("ctx-nowhere");
     let r = validate(&mut c, trainjob_review_in(&ns, &nowhere, "d")).await;
     assert_eq!(r["allowed"], true, "{r}");
     assert!(
