@@ -1,15 +1,23 @@
-//! A TrainJob's runtime from the server's cluster context, against the apiserver stand-in:
-//! a ClusterTrainingRuntime that arrives by the watch, one fetched because the watch had
-//! not delivered it, one that does not exist, and a cluster without Kubeflow Trainer.
+//! A TrainJob's runtime from the server's cluster context.
+//!
+//! Against the real apiserver (`common::envtest`, Kubeflow Trainer's CRDs installed from
+//! tests/data/crds/trainer.yaml, the server as the ServiceAccount bound to deploy/base's
+//! RBAC): a ClusterTrainingRuntime listed at start and one that arrives by the watch judge
+//! the TrainJob from the cache; one that does not exist is fetched, found absent, and said
+//! so.
+//!
+//! Against the in-process stand-in: a runtime fetched because its watch was held back (on
+//! cue, which the real one cannot be made to do), and a cluster without Kubeflow Trainer
+//! (the real one serves the CRDs the binary's other tests installed).
 
 use crate::common;
 
 use std::time::Duration;
 
 use apiserver::{ApiServer, Fault, ResourceType, Verb};
+use common::context;
 use common::net::{self, until, warnings, Client, TestServer};
 use serde_json::{json, Value};
-use tollgate::server::ClusterOptions;
 use tollgate_apiserver_standin as apiserver;
 
 const NS: &str = "ml-research";
@@ -63,10 +71,14 @@ fn runtime(name: &str, resources: Value) -> Value {
 /// The CREATE review of a TrainJob on the ClusterTrainingRuntime `runtime`, asking for no
 /// resources of its own.
 fn trainjob_review(runtime: &str, uid: &str) -> Vec<u8> {
+    trainjob_review_in(NS, runtime, uid)
+}
+
+fn trainjob_review_in(ns: &str, runtime: &str, uid: &str) -> Vec<u8> {
     let job = json!({
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
-        "metadata": {"name": "train", "namespace": NS},
+        "metadata": {"name": "train", "namespace": ns},
         "spec": {
             "runtimeRef": {"name": runtime},
             "trainer": {"numNodes": 2, "command": ["torchrun", "train.py"]}
@@ -81,14 +93,10 @@ async fn server_against(api: &ApiServer) -> TestServer {
     let kubeconfig = tempfile::NamedTempFile::new().unwrap();
     api.write_kubeconfig(kubeconfig.path()).unwrap();
     let path = kubeconfig.into_temp_path().keep().unwrap();
-    let server = net::start(|o| {
-        o.cluster = Some(ClusterOptions {
-            kubeconfig: Some(path),
-            context: None,
-            fetch_timeout: Duration::from_millis(800),
-        });
-    })
-    .await;
+    without_default_limits(context::serve(path, |_| {}).await)
+}
+
+fn without_default_limits(server: TestServer) -> TestServer {
     // Tollgate adds no default limits: what the runtime requests decides.
     std::fs::write(
         server.policy_path(),
@@ -112,10 +120,25 @@ async fn ready(c: &mut Client) -> bool {
 /// Until the policy without default limits is in force (the refusal of a TrainJob on the
 /// runtime `bare`, without requests).
 async fn policy_in_force(c: &mut Client) {
+    policy_in_force_in(c, NS, "bare").await
+}
+
+async fn policy_in_force_in(c: &mut Client, ns: &str, bare: &str) {
     until("the policy in force", async || {
-        validate(c, trainjob_review("bare", "p")).await["allowed"] == false
+        validate(c, trainjob_review_in(ns, bare, "p")).await["allowed"] == false
     })
     .await;
+}
+
+/// GETs of ClusterTrainingRuntimes that ended with `result`.
+async fn fetches(server: &TestServer, result: &str) -> f64 {
+    net::metric(
+        server,
+        "tollgate_cluster_fetches_total",
+        &[("resource", "clustertrainingruntimes"), ("result", result)],
+    )
+    .await
+    .unwrap_or(0.0)
 }
 
 /// Runtimes the server's cache holds, by its metric.
@@ -131,31 +154,59 @@ async fn cached(server: &TestServer) -> f64 {
 
 #[tokio::test]
 async fn a_runtime_that_arrives_by_the_watch_judges_the_trainjob() {
-    let api = with_trainer().await;
+    let Some(cp) = common::envtest::plane() else {
+        return;
+    };
+    let admin = cp.client("admin").await;
+    context::install_crds(&admin, "tests/data/crds/trainer.yaml").await;
+    let ns = cp.namespace("trainjob", &[]).await;
+    // ClusterTrainingRuntimes are cluster-scoped: names of this test's own.
+    let (bare, sized) = (
+        context::unique("ctx-bare"),
+        context::unique("ctx-torch-sized"),
+    );
     // Listed when the server starts.
-    api.insert("clustertrainingruntimes", runtime("bare", json!({})));
-    let server = server_against(&api).await;
+    context::create(&admin, &runtime(&bare, json!({}))).await;
+    let server = without_default_limits(
+        context::serve(context::shipped_identity(cp, &ns).await, |_| {}).await,
+    );
     let mut c = Client::connect(server.addr(), &server.ca_pem, false).await;
     until("the first sync", async || ready(&mut c).await).await;
-    until("the runtimes listed", async || cached(&server).await == 1.0).await;
-    policy_in_force(&mut c).await;
+    policy_in_force_in(&mut c, &ns, &bare).await;
 
-    // Created after the server started: it reaches the cache by the watch.
-    api.insert(
-        "clustertrainingruntimes",
-        runtime(
-            "torch-sized",
-            json!({"requests": {"cpu": "8", "memory": "32Gi"}}),
+    // Created after the server started: it reaches the cache by the watch. Other tests may
+    // add runtimes meanwhile: the cache is caught up once it holds as many as the
+    // apiserver lists at that moment.
+    context::create(
+        &admin,
+        &runtime(&sized, json!({"requests": {"cpu": "8", "memory": "32Gi"}})),
+    )
+    .await;
+    let runtimes = kube::Api::<kube::api::DynamicObject>::all_with(
+        admin.clone(),
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk(
+                "trainer.kubeflow.org",
+                "v1alpha1",
+                "ClusterTrainingRuntime",
+            ),
+            "clustertrainingruntimes",
         ),
     );
     until("the runtime from the watch", async || {
-        cached(&server).await == 2.0
+        let listed = runtimes
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .len();
+        cached(&server).await == listed as f64
     })
     .await;
-    let r = validate(&mut c, trainjob_review("torch-sized", "a")).await;
+    let r = validate(&mut c, trainjob_review_in(&ns, &sized, "a")).await;
     assert_eq!(r["allowed"], true, "{r}");
     // The runtime without requests: refused, naming the TrainJob and its step.
-    let r = validate(&mut c, trainjob_review("bare", "b")).await;
+    let r = validate(&mut c, trainjob_review_in(&ns, &bare, "b")).await;
     assert_eq!(r["allowed"], false, "{r}");
     let message = r["status"]["message"].as_str().unwrap();
     assert!(
@@ -168,10 +219,33 @@ async fn a_runtime_that_arrives_by_the_watch_judges_the_trainjob() {
         "{message}"
     );
     // All from the cache: no GET was needed.
-    assert_eq!(api.count(Verb::Get, "clustertrainingruntimes"), 0);
+    for result in ["found", "absent", "failed"] {
+        assert_eq!(fetches(&server, result).await, 0.0, "{result}");
+    }
+    for resource in ["trainingruntimes", "clustertrainingruntimes"] {
+        let r = [("resource", resource)];
+        assert_eq!(
+            net::metric(&server, "tollgate_cluster_cache_synced", &r).await,
+            Some(1.0),
+            "the shipped RBAC lets {resource} be listed"
+        );
+    }
+
+    // One that does not exist: fetched, found absent, allowed with a warning that says so.
+    let nowhere = context::unique("ctx-nowhere");
+    let r = validate(&mut c, trainjob_review_in(&ns, &nowhere, "d")).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert!(
+        warnings(&r).contains(&format!(
+            "its runtime ClusterTrainingRuntime \"{nowhere}\" was not found; it was allowed"
+        )),
+        "{r}"
+    );
+    assert_eq!(fetches(&server, "absent").await, 1.0);
     server.running.shutdown().await;
 }
 
+/// (Stand-in: the runtimes' watch is held back, so that only a GET can know the new one.)
 #[tokio::test]
 async fn a_runtime_the_watch_has_not_delivered_is_fetched_once() {
     let api = with_trainer().await;
@@ -203,21 +277,12 @@ async fn a_runtime_the_watch_has_not_delivered_is_fetched_once() {
         "fetched once"
     );
 
-    // One that does not exist: fetched, found absent, allowed with a warning that says so.
-    let r = validate(&mut c, trainjob_review("nowhere", "d")).await;
-    assert_eq!(r["allowed"], true, "{r}");
-    assert!(
-        warnings(&r).contains(
-            "its runtime ClusterTrainingRuntime \"nowhere\" was not found; it was allowed"
-        ),
-        "{r}"
-    );
-    assert_eq!(api.count(Verb::Get, "clustertrainingruntimes"), gets + 2);
     api.clear_faults();
     server.running.shutdown().await;
 }
 
-/// A cluster without Kubeflow Trainer: the server is ready, a TrainJob (which such a
+/// A cluster without Kubeflow Trainer (stand-in: the real apiserver serves the CRDs the
+/// binary's other tests install): the server is ready, a TrainJob (which such a
 /// cluster could not hold anyway) is allowed with a warning, and the runtimes have no
 /// metric series.
 #[tokio::test]

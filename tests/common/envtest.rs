@@ -367,3 +367,26 @@ async fn client_from(kubeconfig: &Path) -> kube::Client {
         .expect("a kube config");
     kube::Client::try_from(config).expect("a kube client")
 }
+
+static ISOLATED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+
+/// A second control plane, started on first use as [`plane`] is, for the tests whose
+/// cluster-wide objects would change every other test's answers on a shared one: Nodes
+/// (feasibility judges each pod against all of the cluster's schedulable nodes, and "no
+/// node is listed" is an answer of its own, so one test's nodes would turn another's
+/// "not checked" into "no node may run it"), and the background audit (it reports into
+/// every namespace there is). Those tests share this one among themselves, each keeping to
+/// objects of its own as on [`plane`].
+pub fn isolated_plane() -> Option<&'static ControlPlane> {
+    match ISOLATED.get_or_init(start) {
+        Ok(p) => Some(p),
+        Err(why) if why.starts_with(NOT_FOUND) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("{why} (CI=true: the real-apiserver tests may not be skipped)");
+            }
+            skipped(why);
+            None
+        }
+        Err(why) => panic!("{why}"),
+    }
+}

@@ -47,7 +47,6 @@ pub struct Fault {
     resource: Option<String>,
     verb: Option<Verb>,
     pub(crate) code: Option<u16>,
-    message: Option<String>,
     retry_after: Option<u64>,
     pub(crate) delay: Option<Duration>,
     remaining: Option<usize>,
@@ -61,7 +60,6 @@ impl Fault {
             resource: None,
             verb: None,
             code: Some(code),
-            message: None,
             retry_after: None,
             delay: None,
             remaining: None,
@@ -92,18 +90,9 @@ impl Fault {
         self.remaining = Some(n);
         self
     }
-    pub fn message(mut self, message: &str) -> Self {
-        self.message = Some(message.to_owned());
-        self
-    }
     /// A `Retry-After` header and `details.retryAfterSeconds`, as with 429 and 503.
     pub fn retry_after(mut self, seconds: u64) -> Self {
         self.retry_after = Some(seconds);
-        self
-    }
-    /// Also answer with a status after the delay.
-    pub fn then_status(mut self, code: u16) -> Self {
-        self.code = Some(code);
         self
     }
 }
@@ -172,11 +161,7 @@ pub(crate) fn fault_error(
         504 => ("Timeout", "the server was unable to return a response in the time allotted, but may still be processing the request".to_owned()),
         _ => ("", format!("injected fault {code}")),
     };
-    let mut e = ApiError::new(
-        code,
-        reason,
-        fault.message.clone().unwrap_or(default_message),
-    );
+    let mut e = ApiError::new(code, reason, default_message);
     if let Some(ty) = ty {
         e = e.details(json!({"group": ty.group, "kind": ty.plural}));
     }

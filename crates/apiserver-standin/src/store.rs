@@ -81,9 +81,6 @@ impl ResourceType {
     pub fn namespaces() -> Self {
         ResourceType::new("", "v1", "namespaces", "Namespace", false).with_fields(&["status.phase"])
     }
-    pub fn config_maps() -> Self {
-        ResourceType::new("", "v1", "configmaps", "ConfigMap", true)
-    }
     pub fn secrets() -> Self {
         // pkg/registry/core/secret's SelectableFields: `type` besides the metadata.
         ResourceType::new("", "v1", "secrets", "Secret", true).with_fields(&["type"])
@@ -152,22 +149,12 @@ impl ResourceType {
             true,
         )
     }
-    pub fn cluster_policy_reports() -> Self {
-        ResourceType::new(
-            "wgpolicyk8s.io",
-            "v1alpha2",
-            "clusterpolicyreports",
-            "ClusterPolicyReport",
-            false,
-        )
-    }
 
     /// Everything above: what `ApiServer::start` registers.
     pub fn defaults() -> Vec<Self> {
         vec![
             Self::pods(),
             Self::namespaces(),
-            Self::config_maps(),
             Self::secrets(),
             Self::leases(),
             Self::resource_claims(),
@@ -176,7 +163,6 @@ impl ResourceType {
             Self::nodes(),
             Self::resource_quotas(),
             Self::policy_reports(),
-            Self::cluster_policy_reports(),
             Self::mutating_webhook_configurations(),
             Self::validating_webhook_configurations(),
         ]

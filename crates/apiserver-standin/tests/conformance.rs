@@ -222,7 +222,7 @@ async fn reflector_follows_live_events_broken_watches_and_relists_after_410() {
     // from a bookmark's revision, not its last pod's.
     assert!(server.wait_for_watches(1, Duration::from_secs(5)).await);
     server.insert(
-        "configmaps",
+        "secrets",
         json!({"metadata": {"namespace": "ml", "name": "unrelated"}}),
     );
     let bumped = server.resource_version();
@@ -438,22 +438,26 @@ async fn get_create_replace_patch_delete_answer_as_the_real_server() {
 
     // Finalizers hold a deletion until they are removed.
     server.insert(
-        "configmaps",
+        "secrets",
         json!({"metadata": {"namespace": "default", "name": "held", "finalizers": ["x/y"]}}),
     );
-    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(server.client(), "default");
-    cms.delete("held", &DeleteParams::default()).await.unwrap();
-    let held = cms.get("held").await.unwrap();
+    secrets
+        .delete("held", &DeleteParams::default())
+        .await
+        .unwrap();
+    let held = secrets.get("held").await.unwrap();
     assert!(held.metadata.deletion_timestamp.is_some());
-    cms.patch(
-        "held",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-    )
-    .await
-    .unwrap();
-    assert!(cms.get_opt("held").await.unwrap().is_none());
+    secrets
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    assert!(secrets.get_opt("held").await.unwrap().is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
