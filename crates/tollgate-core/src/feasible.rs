@@ -26,19 +26,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{
-    Container, NodeSelectorRequirement, Pod, PodSpec, ResourceQuota, ResourceRequirements,
-};
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::capacity::{Nodes, Shape, Taint, HOSTNAME_LABEL};
 use crate::cluster::{Cluster, Lookup};
-use crate::pod::SIDECAR_RESTART_POLICY;
 use crate::quantity;
 use crate::words::quote;
 
-/// Quantities by resource name, in nano-units.
-pub type Amounts = BTreeMap<String, i128>;
+pub use crate::pod::Amounts;
+use crate::pod::{add, amounts, pick};
 
 /// What a pod counts for: its effective requests and limits.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -110,91 +107,7 @@ impl Usage {
     }
 }
 
-/// The containers' requests (or limits) together, as `resourcehelper`'s
-/// `AggregateContainerRequests` adds them up: regular containers and native sidecars
-/// summed, each init container on top of the sidecars before it, the larger of the two.
-/// No overhead and no pod-level resources: what the apiserver holds a pod's own
-/// `spec.resources` to.
-pub fn containers_aggregate(spec: &PodSpec, limits: bool) -> Amounts {
-    let of = |c: &Container| amounts(c.resources.as_ref().and_then(|r| pick(r, limits)));
-    let mut total = Amounts::new();
-    for c in &spec.containers {
-        add_list(
-            &mut total,
-            c.resources.as_ref().and_then(|r| pick(r, limits)),
-        );
-    }
-    let mut sidecars = Amounts::new();
-    let mut init = Amounts::new();
-    for c in spec.init_containers.iter().flatten() {
-        let own = of(c);
-        let running = if c.restart_policy.as_deref() == Some(SIDECAR_RESTART_POLICY) {
-            add(&mut total, &own);
-            add(&mut sidecars, &own);
-            sidecars.clone()
-        } else {
-            let mut t = own;
-            add(&mut t, &sidecars);
-            t
-        };
-        max(&mut init, &running);
-    }
-    max(&mut total, &init);
-    total
-}
-
-/// A `resources` object's requests, or its limits.
-fn pick(r: &ResourceRequirements, limits: bool) -> Option<&BTreeMap<String, Quantity>> {
-    if limits {
-        r.limits.as_ref()
-    } else {
-        r.requests.as_ref()
-    }
-}
-
-fn amounts(list: Option<&BTreeMap<String, Quantity>>) -> Amounts {
-    list.into_iter()
-        .flatten()
-        .filter_map(|(k, q)| Some((k.clone(), quantity::parse(&q.0).ok()?)))
-        .collect()
-}
-
-/// Adds a container's list to `to` as it is read: no map of its own, and a resource's
-/// name copied only the first time it is seen (what every pod review with known nodes or
-/// quotas measures).
-fn add_list(to: &mut Amounts, list: Option<&BTreeMap<String, Quantity>>) {
-    for (k, q) in list.into_iter().flatten() {
-        if let Ok(v) = quantity::parse(&q.0) {
-            add_one(to, k, v);
-        }
-    }
-}
-
-fn add_one(to: &mut Amounts, k: &str, v: i128) {
-    match to.get_mut(k) {
-        Some(t) => *t = t.saturating_add(v),
-        None => {
-            to.insert(k.to_owned(), v);
-        }
-    }
-}
-
-fn add(to: &mut Amounts, from: &Amounts) {
-    for (k, v) in from {
-        add_one(to, k, *v);
-    }
-}
-
-fn max(to: &mut Amounts, from: &Amounts) {
-    for (k, v) in from {
-        match to.get_mut(k) {
-            Some(t) => *t = (*t).max(*v),
-            None => {
-                to.insert(k.clone(), 0.max(*v));
-            }
-        }
-    }
-}
+pub use crate::pod::containers_aggregate;
 
 /// One thing that stands between a pod and running.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -152,6 +152,10 @@ pub fn synthetic_review(
             meta.insert("namespace".into(), Value::from(namespace));
         }
     }
+    // And a pod's pod-level requests defaulted, as it decodes every pod it is sent.
+    if kind == "Pod" {
+        crate::pod::default_pod_level_requests_json(&mut object);
+    }
     json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",

@@ -263,7 +263,12 @@ pub fn pod_of(
         "spec".into(),
         t.value.get("spec").cloned().unwrap_or(Value::Null),
     );
-    serde_json::from_value(Value::Object(pod)).map_err(|e| e.to_string())
+    let mut pod: Pod = serde_json::from_value(Value::Object(pod)).map_err(|e| e.to_string())?;
+    // The apiserver defaults the pod the controller creates before any webhook sees it.
+    if let Some(spec) = pod.spec.as_mut() {
+        pod::default_pod_level_requests(spec);
+    }
+    Ok(pod)
 }
 
 /// How many pods template `t` of `object` makes: the product of the numbers its spec's
