@@ -8,6 +8,7 @@ mod common;
 #[path = "support/k8s_schema.rs"]
 mod k8s_schema;
 
+mod accepted;
 mod audit;
 mod audit_server;
 mod builtin_policy;
