@@ -16,9 +16,24 @@ pub const IN_FLIGHT: usize = 16;
 /// `obj` as a client would send it to create it in `namespace`: without what the apiserver
 /// sets itself (uid, resourceVersion, creationTimestamp, generation, managedFields, a
 /// status, which it would refuse or reset on a create), in `namespace`. A `generateName`
-/// object keeps its `generateName` and gets no name (the apiserver makes one).
+/// object keeps its `generateName` and gets no name (the apiserver makes one). A Job sent
+/// by an apiserver also loses the selector and the template labels naming its uid (the
+/// apiserver makes them anew, and refuses them made by anyone else).
 pub fn for_create(obj: &Value, namespace: &str) -> Value {
     let mut obj = obj.clone();
+    if let Some(uid) = obj["metadata"]["uid"].as_str().map(str::to_owned) {
+        let names_uid = |v: &Value| v.as_str() == Some(uid.as_str());
+        if let Some(Value::Object(labels)) = obj.pointer_mut("/spec/template/metadata/labels") {
+            labels.retain(|_, v| !names_uid(v));
+        }
+        let generated = obj
+            .pointer("/spec/selector/matchLabels")
+            .and_then(Value::as_object)
+            .is_some_and(|m| !m.is_empty() && m.values().all(names_uid));
+        if generated && obj.pointer("/spec/manualSelector") != Some(&Value::Bool(true)) {
+            obj["spec"].as_object_mut().unwrap().remove("selector");
+        }
+    }
     if let Some(Value::Object(m)) = obj.get_mut("metadata") {
         for k in [
             "uid",
@@ -64,12 +79,15 @@ pub struct Refusal {
     pub causes: BTreeSet<(String, String)>,
 }
 
-/// Creates `obj` (namespaced, in its metadata.namespace) as `client`; with `dry_run`,
+/// Creates `obj` (in its metadata.namespace; without one, a cluster-scoped object) as
+/// `client`; with `dry_run`,
 /// only admitted (`dryRun=All`: decoded, defaulted, sent through admission and validated,
 /// not stored). Ok: what the apiserver returned.
 pub async fn create(client: &kube::Client, obj: &Value, dry_run: bool) -> Result<Value, Refusal> {
-    let ns = obj["metadata"]["namespace"].as_str().unwrap_or("default");
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource_of(obj));
+    let api: Api<DynamicObject> = match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource_of(obj)),
+        None => Api::all_with(client.clone(), &resource_of(obj)),
+    };
     let dynamic: DynamicObject = serde_json::from_value(obj.clone()).map_err(|e| Refusal {
         code: 0,
         message: format!("not an object: {e}"),
