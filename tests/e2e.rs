@@ -42,6 +42,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use base64::Engine as _;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use serde_json::{json, Value};
 
 /// What the apiserver serves without an operator's CRD.
@@ -450,18 +453,13 @@ async fn the_apiserver_does_what_tollgate_review_predicts() {
 
     // Registrations are cluster-wide: taken down, so that no later namespace of this
     // label could reach a server that is gone.
+    let gone = kube::api::DeleteParams::default();
     for i in 0..started.len() {
         let name = format!("{run_id}-{i}");
-        for kind in [
-            "mutatingwebhookconfiguration",
-            "validatingwebhookconfiguration",
-        ] {
-            let _ = Command::new(&kubectl)
-                .arg("--kubeconfig")
-                .arg(cp.kubeconfig("admin"))
-                .args(["delete", kind, &name, "--wait=false"])
-                .output();
-        }
+        let mutating: kube::Api<MutatingWebhookConfiguration> = kube::Api::all(admin.clone());
+        let validating: kube::Api<ValidatingWebhookConfiguration> = kube::Api::all(admin.clone());
+        let _ = mutating.delete(&name, &gone).await;
+        let _ = validating.delete(&name, &gone).await;
     }
     assert!(
         failures.is_empty(),
