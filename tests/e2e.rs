@@ -28,11 +28,14 @@
 //!   that both get the apiserver's own defaulting), but for what the apiserver makes
 //!   anew per object (uid, name of a generateName object, timestamps, managedFields).
 //!
+//! - **The operators' kinds** (PyTorchJob, JAXJob, PaddleJob, MPIJob, RayService, and an Argo
+//!   Workflow that the shipped registration does not send to tollgate) on CRDs installed by
+//!   the test that check nothing ([`CUSTOM`]).
+//!
 //! Not here: UPDATE goldens (`review` predicts creates), cases whose context is Nodes,
 //! DeviceClasses, ResourceQuotas or Kueue's queues (cluster-wide objects of a shared
 //! apiserver, or a quota the apiserver's own quota admission judges without a controller
-//! to keep its status), and the kinds of operators (PyTorchJob, TrainJob, ...), which need
-//! their CRDs in the shared apiserver.
+//! to keep its status), and Kubeflow Trainer's TrainJobs (see [`CUSTOM`]).
 
 use crate::common;
 use crate::common::apiserver;
@@ -49,6 +52,19 @@ use serde_json::{json, Value};
 
 /// What the apiserver serves without an operator's CRD.
 const BUILT_IN: &[&str] = &["v1", "batch/v1", "apps/v1"];
+/// The operators' kinds of the goldens, served here by CRDs that check nothing (a
+/// structural schema that keeps every field): the apiserver stores them as sent, the
+/// webhooks judge them. (apiVersion, kind, plural.) Not Kubeflow Trainer's TrainJob and
+/// runtimes, nor Kueue's queues: whether the shared apiserver serves those is what other
+/// tests of the cluster context try (tests/trainjob_context.rs), and a CRD is cluster-wide.
+const CUSTOM: &[(&str, &str, &str)] = &[
+    ("kubeflow.org/v1", "PyTorchJob", "pytorchjobs"),
+    ("kubeflow.org/v1", "JAXJob", "jaxjobs"),
+    ("kubeflow.org/v1", "PaddleJob", "paddlejobs"),
+    ("kubeflow.org/v2beta1", "MPIJob", "mpijobs"),
+    ("ray.io/v1", "RayService", "rayservices"),
+    ("argoproj.io/v1alpha1", "Workflow", "workflows"),
+];
 /// The context a case may have here: namespaced objects, or the namespace's own labels.
 const CONTEXT_KINDS: &[&str] = &["ResourceClaim", "ResourceClaimTemplate", "Namespace"];
 
@@ -139,7 +155,9 @@ fn cases() -> (Vec<Case>, Vec<Option<PathBuf>>) {
                     namespace,
                 )
             };
-        if !BUILT_IN.contains(&object["apiVersion"].as_str().unwrap_or("")) {
+        if !BUILT_IN.contains(&object["apiVersion"].as_str().unwrap_or(""))
+            && custom(&object).is_none()
+        {
             continue;
         }
         let context: Vec<Value> = match std::fs::read_to_string(dir.join("context.yaml")) {
@@ -172,6 +190,49 @@ fn cases() -> (Vec<Case>, Vec<Option<PathBuf>>) {
         });
     }
     (cases, policies)
+}
+
+/// The operator's kind of [`CUSTOM`] an object is, if it is one.
+fn custom(obj: &Value) -> Option<&'static (&'static str, &'static str, &'static str)> {
+    CUSTOM
+        .iter()
+        .find(|(api, kind, _)| obj["apiVersion"] == *api && obj["kind"] == *kind)
+}
+
+/// A CRD for one of [`CUSTOM`]: namespaced, one version, every field kept unchecked.
+fn crd(api: &str, kind: &str, plural: &str) -> Value {
+    let (group, version) = api.split_once('/').unwrap();
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.{group}")},
+        "spec": {
+            "group": group, "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_ascii_lowercase(), "listKind": format!("{kind}List")},
+            "versions": [{"name": version, "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+        }
+    })
+}
+
+/// Installs the CRDs of the cases' custom kinds (one installed already, by an earlier run
+/// of this test in the same apiserver, is kept) and waits until each serves.
+async fn install_crds(admin: &kube::Client, cases: &[Case], namespace: &str) {
+    let mut wanted: Vec<_> = cases.iter().filter_map(|c| custom(&c.object)).collect();
+    wanted.sort();
+    wanted.dedup();
+    for (api, kind, plural) in &wanted {
+        if let Err(e) = apiserver::create(admin, &crd(api, kind, plural), false).await {
+            assert_eq!(e.code, 409, "installing the CRD of {kind}: {}", e.message);
+        }
+    }
+    for (api, kind, _) in wanted {
+        let probe = json!({"apiVersion": api, "kind": kind,
+            "metadata": {"name": "probe", "namespace": namespace}});
+        common::net::until(&format!("the CRD of {kind} to serve"), async || {
+            apiserver::create(admin, &probe, true).await.is_ok()
+        })
+        .await;
+    }
 }
 
 fn strings(v: &Value) -> Vec<String> {
@@ -435,6 +496,7 @@ async fn the_apiserver_does_what_tollgate_review_predicts() {
 
     // Where the object the review predicts is admitted, for the apiserver's own defaulting.
     let reference = cp.namespace("e2e-reference", &[]).await;
+    install_crds(&admin, &cases, &reference).await;
     let work = tempfile::tempdir().unwrap();
 
     let results = apiserver::each(cases.into_iter().enumerate().collect(), |(n, case)| {
