@@ -32,10 +32,13 @@
 //!   Workflow that the shipped registration does not send to tollgate) on CRDs installed by
 //!   the test that check nothing ([`CUSTOM`]).
 //!
+//! - **ResourceQuotas** of a case's context are created with the status the quota
+//!   controller (which does not run here) would give them, so that the apiserver's own
+//!   quota admission judges the same pods as tollgate's feasibility.
+//!
 //! Not here: UPDATE goldens (`review` predicts creates), cases whose context is Nodes,
-//! DeviceClasses, ResourceQuotas or Kueue's queues (cluster-wide objects of a shared
-//! apiserver, or a quota the apiserver's own quota admission judges without a controller
-//! to keep its status), and Kubeflow Trainer's TrainJobs (see [`CUSTOM`]).
+//! DeviceClasses or Kueue's queues (cluster-wide objects of a shared apiserver), and
+//! Kubeflow Trainer's TrainJobs (see [`CUSTOM`]).
 
 use crate::common;
 use crate::common::apiserver;
@@ -48,6 +51,8 @@ use base64::Engine as _;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
+use k8s_openapi::api::core::v1::ResourceQuota;
+use kube::api::{Patch, PatchParams};
 use serde_json::{json, Value};
 
 /// What the apiserver serves without an operator's CRD.
@@ -66,7 +71,12 @@ const CUSTOM: &[(&str, &str, &str)] = &[
     ("argoproj.io/v1alpha1", "Workflow", "workflows"),
 ];
 /// The context a case may have here: namespaced objects, or the namespace's own labels.
-const CONTEXT_KINDS: &[&str] = &["ResourceClaim", "ResourceClaimTemplate", "Namespace"];
+const CONTEXT_KINDS: &[&str] = &[
+    "ResourceClaim",
+    "ResourceClaimTemplate",
+    "Namespace",
+    "ResourceQuota",
+];
 
 /// Goldens whose object no apiserver creates, whatever the webhooks say: what it refuses
 /// them for. Their warnings are still compared (the mutating webhook runs before the
@@ -573,17 +583,42 @@ async fn one(
     if let Err(e) = apiserver::create(admin, &binding, false).await {
         return vec![format!("{name}: binding its user: {}", e.message)];
     }
-    let claims: Vec<Value> = case
+    let mut claims: Vec<Value> = case
         .context
         .iter()
         .filter(|d| d["kind"] != "Namespace")
         .map(|d| in_namespace(d, &ns))
         .collect();
-    for c in &claims {
+    for c in &mut claims {
         if let Err(e) = apiserver::create(admin, c, false).await {
             return vec![format!("{name}: creating its context: {}", e.message)];
         }
+        if c["kind"] == "ResourceQuota" {
+            // What the controller-manager's quota controller would write of a namespace
+            // with nothing in it yet; without it, the apiserver's quota admission refuses
+            // every pod there ("status unknown for quota").
+            let hard = c["spec"]["hard"].clone();
+            let used: serde_json::Map<String, Value> = hard
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| (k.clone(), json!("0")))
+                .collect();
+            c["status"] = json!({"hard": hard, "used": used});
+            let quotas: kube::Api<ResourceQuota> = kube::Api::namespaced(admin.clone(), &ns);
+            let status = json!({"status": c["status"]});
+            let qname = c["metadata"]["name"].as_str().unwrap_or("");
+            if let Err(e) = quotas
+                .patch_status(qname, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+            {
+                return vec![format!("{name}: the status of its quota: {e}")];
+            }
+        }
     }
+    // tollgate reads quotas from its watch alone, never by a GET: one made a moment ago
+    // may not be in its cache yet (nor in the apiserver's own quota admission's).
+    let cached_only = claims.iter().any(|c| c["kind"] == "ResourceQuota");
 
     let object = in_namespace(&case.object, &ns);
     let file = work.join(format!("{n}-{name}.json"));
@@ -660,12 +695,30 @@ async fn one(
         "create"
     };
     apply.args([verb, "-o", "json", "-f"]).arg(&file);
+    let allowed = predicted["allowed"].as_bool().unwrap_or(false);
+    let predicted_warnings = strings(&predicted["warnings"]);
+    if cached_only {
+        // Until both have seen the quota, as far as a dry run can tell (bounded: a case
+        // that never agrees is then reported by the real apply below).
+        let start = std::time::Instant::now();
+        loop {
+            let mut dry = Command::new(kubectl);
+            dry.arg("--kubeconfig")
+                .arg(cp.kubeconfig_as(&case.user, &impersonated))
+                .args([verb, "--dry-run=server", "-o", "json", "-f"])
+                .arg(&file);
+            let tried = blocking(dry).await;
+            let agrees = tried.ok == allowed && warnings_of(&tried.stderr) == predicted_warnings;
+            if agrees || start.elapsed() > std::time::Duration::from_secs(10) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
     let mut applied = blocking(apply).await;
     applied.stderr = generated_name_as_predicted(&applied.stderr, &object);
 
-    let allowed = predicted["allowed"].as_bool().unwrap_or(false);
     let warned = warnings_of(&applied.stderr);
-    let predicted_warnings = strings(&predicted["warnings"]);
     if warned != predicted_warnings {
         failures.push(format!(
             "{name}: kubectl's warnings differ from the review's:\n  kubectl: {warned:?}\n  review:  {predicted_warnings:?}"
