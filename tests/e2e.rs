@@ -26,15 +26,20 @@
 //!   and the object stored equal to the object the review says tollgate makes, as the
 //!   apiserver stores that (created with `dryRun=All` in a namespace no webhook sees, so
 //!   that both get the apiserver's own defaulting), but for what the apiserver makes
-//!   anew per object (uid, name of a generateName object, timestamps, managedFields).
-//!
+//!   anew per object (uid, name of a generateName object, timestamps, managedFields), and
+//!   the order of tolerations (the apiserver's own come before tollgate's when the webhook
+//!   runs, after them when the prediction is admitted). A validating webhook sees the name
+//!   the apiserver generated, which the review writes `NAME-*`: put back so in kubectl's
+//!   output before comparing.
+//! - **Known not creatable**: goldens whose object the apiserver refuses whatever the
+//!   webhooks say ([`NOT_CREATABLE`]): only their warnings are compared.
 //! - **The operators' kinds** (PyTorchJob, JAXJob, PaddleJob, MPIJob, RayService, and an Argo
 //!   Workflow that the shipped registration does not send to tollgate) on CRDs installed by
 //!   the test that check nothing ([`CUSTOM`]).
-//!
 //! - **ResourceQuotas** of a case's context are created with the status the quota
 //!   controller (which does not run here) would give them, so that the apiserver's own
-//!   quota admission judges the same pods as tollgate's feasibility.
+//!   quota admission judges the same pods as tollgate's feasibility; a case with one is
+//!   applied once server dry runs show both have seen it (tollgate never GETs a quota).
 //!
 //! Not here: UPDATE goldens (`review` predicts creates), cases whose context is Nodes,
 //! DeviceClasses or Kueue's queues (cluster-wide objects of a shared apiserver), and
