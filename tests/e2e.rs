@@ -41,7 +41,12 @@
 //!   quota admission judges the same pods as tollgate's feasibility; a case with one is
 //!   applied once server dry runs show both have seen it (tollgate never GETs a quota).
 //!
-//! Not here: UPDATE goldens (`review` predicts creates), cases whose context is Nodes,
+//! - **UPDATEs** of workloads: the golden's old object applied before the namespace is
+//!   labelled for the webhooks (as one that predates tollgate), then the new one as the
+//!   case's user; predicted by `tollgate review` of the AdmissionReview the apiserver will
+//!   send (the golden's, with the object stored and the user's identity).
+//!
+//! Not here: UPDATEs of pods (the shipped rules send tollgate only their creates), cases whose context is Nodes,
 //! DeviceClasses or Kueue's queues (cluster-wide objects of a shared apiserver), and
 //! Kubeflow Trainer's TrainJobs (see [`CUSTOM`]).
 
@@ -110,6 +115,9 @@ struct Case {
     groups: Vec<String>,
     /// The golden's namespace, the prefix of ours.
     namespace: String,
+    /// For an UPDATE: the review the golden holds (its `oldObject` is what is there
+    /// before).
+    update: Option<Value>,
 }
 
 /// The goldens this test can apply (see the module's docs), and the distinct policies
@@ -134,7 +142,9 @@ fn cases() -> (Vec<Case>, Vec<Option<PathBuf>>) {
             if let Ok(text) = std::fs::read_to_string(dir.join("review.json")) {
                 let review: Value = serde_json::from_str(&text).unwrap();
                 let request = &review["request"];
-                if request["operation"] != "CREATE" {
+                // Pods are only reviewed on CREATE (the shipped rules).
+                let update = request["operation"] == "UPDATE" && request["kind"]["kind"] != "Pod";
+                if request["operation"] != "CREATE" && !update {
                     continue;
                 }
                 let groups = strings(&request["userInfo"]["groups"]);
@@ -194,6 +204,10 @@ fn cases() -> (Vec<Case>, Vec<Option<PathBuf>>) {
                 policies.len() - 1
             }
         };
+        let update = std::fs::read_to_string(dir.join("review.json"))
+            .ok()
+            .map(|t| serde_json::from_str::<Value>(&t).unwrap()["request"].clone())
+            .filter(|r| r["operation"] == "UPDATE");
         cases.push(Case {
             name,
             object,
@@ -202,6 +216,7 @@ fn cases() -> (Vec<Case>, Vec<Option<PathBuf>>) {
             user,
             groups,
             namespace,
+            update,
         });
     }
     (cases, policies)
@@ -517,10 +532,10 @@ async fn the_apiserver_does_what_tollgate_review_predicts() {
     let results = apiserver::each(cases.into_iter().enumerate().collect(), |(n, case)| {
         let admin = admin.clone();
         let (kubectl, work, reference, run_id) = (&kubectl, work.path(), &reference, &run_id);
-        let policies = &policies;
+        let (policies, servers) = (&policies, &started);
         async move {
             one(
-                cp, &admin, kubectl, work, reference, run_id, policies, n, case,
+                cp, &admin, kubectl, work, reference, run_id, policies, servers, n, case,
             )
             .await
         }
@@ -556,6 +571,7 @@ async fn one(
     reference: &str,
     run_id: &str,
     policies: &[Option<PathBuf>],
+    servers: &[common::process::Served],
     n: usize,
     case: Case,
 ) -> Vec<String> {
@@ -569,13 +585,58 @@ async fn one(
         }
     }
     labels.insert("tollgate.dev/enforce".into(), "enabled".into());
-    labels.insert("tollgate-e2e".into(), selector);
+    // An UPDATE's object is there before tollgate is: made in the namespace before the
+    // label that brings it under the webhooks, as in a cluster that adopts tollgate.
+    if case.update.is_none() {
+        labels.insert("tollgate-e2e".into(), selector.clone());
+    }
     let pairs: Vec<(&str, &str)> = labels
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     let ns = cp.namespace(&case.namespace, &pairs).await;
     labels.insert("kubernetes.io/metadata.name".into(), ns.clone());
+    let mut old_stored = None;
+    if let Some(request) = &case.update {
+        let old = in_namespace(&request["oldObject"], &ns);
+        let old_file = work.join(format!("{n}-{name}.old.json"));
+        std::fs::write(&old_file, serde_json::to_vec_pretty(&old).unwrap()).unwrap();
+        let mut apply = Command::new(kubectl);
+        apply
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig("admin"))
+            .args(["apply", "-o", "json", "-f"])
+            .arg(&old_file);
+        let before = blocking(apply).await;
+        if !before.ok {
+            return vec![format!(
+                "{name}: applying its old object: {}",
+                before.stderr
+            )];
+        }
+        old_stored = Some(serde_json::from_str::<Value>(&before.stdout).unwrap());
+        labels.insert("tollgate-e2e".into(), selector.clone());
+        let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+            kube::Api::all(admin.clone());
+        let patch = json!({"metadata": {"labels": {"tollgate-e2e": selector}}});
+        namespaces
+            .patch(&ns, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        // Until the apiserver sends this namespace's objects to the server.
+        let server = &servers[case.policy];
+        let probe = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "probe", "namespace": ns},
+            "spec": {"containers": [{"name": "c", "image": "probe"}]}});
+        common::net::until("the webhooks to reach a namespace labelled", async || {
+            let _ = apiserver::create(admin, &probe, true).await;
+            server
+                .lines()
+                .iter()
+                .any(|l| l.contains(&format!("\"{ns}\"")) && l.contains("\"validate\""))
+        })
+        .await;
+    }
 
     // The case's user may create what it applies there.
     let binding = json!({
@@ -665,16 +726,32 @@ async fn one(
     groups.push("system:authenticated".into());
 
     let mut review = Command::new(env!("CARGO_BIN_EXE_tollgate"));
-    review.arg("review").arg(&review_file).args([
-        "--output",
-        "json",
-        "--namespace",
-        &ns,
-        "--user",
-        &case.user,
-    ]);
-    for g in &groups {
-        review.args(["--group", g]);
+    review.arg("review");
+    if let (Some(request), Some(old)) = (&case.update, &old_stored) {
+        // The review the apiserver will send: the golden's, with the object there now, the
+        // update applied and the user (the review command builds only creates).
+        let mut request = request.clone();
+        request["namespace"] = json!(ns);
+        request["oldObject"] = old.clone();
+        request["object"] = object.clone();
+        request["object"]["metadata"]["uid"] = old["metadata"]["uid"].clone();
+        request["userInfo"] = json!({"username": case.user, "groups": groups});
+        let file = work.join(format!("{n}-{name}.review.json"));
+        let review_json = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request});
+        std::fs::write(&file, serde_json::to_vec_pretty(&review_json).unwrap()).unwrap();
+        review.arg(&file).args(["--output", "json"]);
+    } else {
+        review.arg(&review_file).args([
+            "--output",
+            "json",
+            "--namespace",
+            &ns,
+            "--user",
+            &case.user,
+        ]);
+        for g in &groups {
+            review.args(["--group", g]);
+        }
     }
     let ns_labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
     review.args(["--namespace-labels", &ns_labels.join(",")]);
