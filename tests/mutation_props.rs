@@ -792,13 +792,15 @@ fn generated_policies() {
     }
 }
 
-/// How many seeds of [`CASES`] the apiserver sees per run, evenly spread (each seed: 4
-/// pods as mutated, see below; 300 seeds take ~4 s, all 1500 ~18 s on 2 busy cores);
+/// How many seeds of [`CASES`] the apiserver sees per run, evenly spread (each seed: 5
+/// pods as mutated, see below; 300 seeds take ~4 s, all 1500 ~20 s on 2 busy cores);
 /// `TOLLGATE_APISERVER_SEEDS=1500` sends them all.
 const APISERVER_SEEDS: u64 = 300;
 
 /// Every generated pod tollgate mutates is one the real apiserver accepts: the pods of
-/// [`generated_pods`] (under each of [`policies`]) and of [`generated_policies`], created
+/// [`generated_pods`] (under each of [`policies`]), of [`generated_policies`] and of
+/// [`generated_reviews_patch_cleanly`] (the webhook's patch applied; its seeds are a fifth
+/// as many, so seed `s` of the sample is its seed `s / 5`), created
 /// with `dryRun=All` in a namespace of the test's own (they are mutated as pods of `ml`).
 /// A pod the apiserver refuses as generated (an unreadable quantity, a hugepage without
 /// its limit) proves nothing about tollgate and is passed over, counted; once it accepts
@@ -816,6 +818,10 @@ async fn generated_pods_as_mutated_are_accepted_by_the_apiserver() {
         .clamp(1, CASES);
     let stride = CASES / seeds;
     let policies = policies();
+    let template: Value = serde_json::from_str(include_str!(
+        "fixtures/apiserver-v1.36/resnet50-master-0.mutate.json"
+    ))
+    .unwrap();
     // (seed, what made it, the pod as sent, the pods as mutated by policy).
     type Case = (u64, &'static str, Value, Vec<(String, Value)>);
     let mut cases: Vec<Case> = vec![];
@@ -844,6 +850,32 @@ async fn generated_pods_as_mutated_are_accepted_by_the_apiserver() {
             "generated_policies",
             input,
             vec![("generated".into(), output)],
+        ));
+
+        // The webhook's own patch, applied to the object as sent, as the apiserver does.
+        let seed = seed * (CASES / 5) / CASES;
+        let profiled = seed % 2 == 1;
+        let policy = if profiled {
+            with_profiles()
+        } else {
+            common::builtin_policy()
+        };
+        let input = gen_pod(&mut Rng::new(seed ^ 0xDEAD_BEEF));
+        let mut review = template.clone();
+        review["request"]["object"] = input.clone();
+        review["request"]["namespace"] = json!("ml");
+        let body = serde_json::to_vec(&review).unwrap();
+        let reviewed = review_bytes_with(Endpoint::Mutate, &policy, context(), &body).unwrap();
+        let mut patched = input.clone();
+        if let Some(patch) = &reviewed.patch() {
+            json_patch::patch(&mut patched, patch).unwrap();
+        }
+        let name = if profiled { "profiles" } else { "builtin" };
+        cases.push((
+            seed,
+            "generated_reviews_patch_cleanly",
+            input,
+            vec![(name.into(), patched)],
         ));
     }
     let client = cp.client("admin").await;
