@@ -8,12 +8,14 @@ mod common;
 #[path = "support/k8s_schema.rs"]
 mod k8s_schema;
 
+mod accepted;
 mod audit;
 mod audit_server;
 mod builtin_policy;
 mod cli;
 mod cluster_context;
 mod deploy;
+mod e2e;
 mod envtest;
 mod export_apiserver;
 mod export_equivalence;

@@ -1,5 +1,6 @@
 //! Properties of the whole mutation over generated pods: idempotent, valid, and expressible as
-//! the JSON patch the webhook returns.
+//! the JSON patch the webhook returns; and, for a sample of them, accepted by the real
+//! kube-apiserver (tests/common/envtest.rs) as mutated.
 //!
 //! The generator is a small deterministic PRNG (no extra crates); a failure prints the seed
 //! and the pod so that it can be replayed as a unit test.
@@ -19,6 +20,7 @@ use tollgate_core::quantity;
 use tollgate_core::review::{review_bytes_with, Endpoint};
 
 use crate::common;
+use crate::common::apiserver::Verdict;
 
 const CASES: u64 = 1500;
 
@@ -788,4 +790,135 @@ fn generated_policies() {
         check(seed, "generated", &policy, &input);
         check_agreement(seed, &policy, &input);
     }
+}
+
+/// How many seeds of [`CASES`] the apiserver sees per run, evenly spread (each seed: 5
+/// pods as mutated, see below; 300 seeds take ~4 s, all 1500 ~20 s on 2 busy cores);
+/// `TOLLGATE_APISERVER_SEEDS=1500` sends them all.
+const APISERVER_SEEDS: u64 = 300;
+
+/// Every generated pod tollgate mutates is one the real apiserver accepts: the pods of
+/// [`generated_pods`] (under each of [`policies`]), of [`generated_policies`] and of
+/// [`generated_reviews_patch_cleanly`] (the webhook's patch applied; its seeds are a fifth
+/// as many, so seed `s` of the sample is its seed `s / 5`), created
+/// with `dryRun=All` in a namespace of the test's own (they are mutated as pods of `ml`).
+/// A pod the apiserver refuses as generated (an unreadable quantity, a hugepage without
+/// its limit) proves nothing about tollgate and is passed over, counted; once it accepts
+/// the pod as sent, a refusal of the pod as mutated is tollgate's doing, and fails.
+#[tokio::test]
+async fn generated_pods_as_mutated_are_accepted_by_the_apiserver() {
+    let Some(cp) = common::envtest::plane() else {
+        return;
+    };
+    let ns = cp.namespace("mutation-props", &[]).await;
+    let seeds: u64 = std::env::var("TOLLGATE_APISERVER_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(APISERVER_SEEDS)
+        .clamp(1, CASES);
+    let stride = CASES / seeds;
+    let policies = policies();
+    let template: Value = serde_json::from_str(include_str!(
+        "fixtures/apiserver-v1.36/resnet50-master-0.mutate.json"
+    ))
+    .unwrap();
+    // (seed, what made it, the pod as sent, the pods as mutated by policy).
+    type Case = (u64, &'static str, Value, Vec<(String, Value)>);
+    let mut cases: Vec<Case> = vec![];
+    let mutated = |policy: &Policy, input: &Value| {
+        let mut pod: Pod = serde_json::from_value(input.clone()).unwrap();
+        mutate(policy, &mut pod);
+        serde_json::to_value(&pod).unwrap()
+    };
+    for seed in (0..CASES).step_by(stride as usize).take(seeds as usize) {
+        let input = gen_pod(&mut Rng::new(seed));
+        let outputs = policies
+            .iter()
+            .map(|(name, policy)| (name.to_string(), mutated(policy, &input)))
+            .collect();
+        cases.push((seed, "generated_pods", input, outputs));
+
+        let mut rng = Rng::new(seed ^ 0x005E_ED0F_F00D);
+        let policy = gen_policy(&mut rng);
+        let mut input = gen_pod(&mut rng);
+        if !policy.mutation.default_resources.enabled {
+            limit_extended_requests(&mut input);
+        }
+        let output = mutated(&policy, &input);
+        cases.push((
+            seed,
+            "generated_policies",
+            input,
+            vec![("generated".into(), output)],
+        ));
+
+        // The webhook's own patch, applied to the object as sent, as the apiserver does.
+        let seed = seed * (CASES / 5) / CASES;
+        let profiled = seed % 2 == 1;
+        let policy = if profiled {
+            with_profiles()
+        } else {
+            common::builtin_policy()
+        };
+        let input = gen_pod(&mut Rng::new(seed ^ 0xDEAD_BEEF));
+        let mut review = template.clone();
+        review["request"]["object"] = input.clone();
+        review["request"]["namespace"] = json!("ml");
+        let body = serde_json::to_vec(&review).unwrap();
+        let reviewed = review_bytes_with(Endpoint::Mutate, &policy, context(), &body).unwrap();
+        let mut patched = input.clone();
+        if let Some(patch) = &reviewed.patch() {
+            json_patch::patch(&mut patched, patch).unwrap();
+        }
+        let name = if profiled { "profiles" } else { "builtin" };
+        cases.push((
+            seed,
+            "generated_reviews_patch_cleanly",
+            input,
+            vec![(name.into(), patched)],
+        ));
+    }
+    let client = cp.client("admin").await;
+    let ns = &ns;
+    let results = common::apiserver::each(cases, |(seed, test, input, outputs)| {
+        let client = client.clone();
+        async move {
+            let mut verdicts = vec![];
+            for (policy, output) in outputs {
+                let verdict = common::apiserver::admits(&client, ns, &input, &output).await;
+                verdicts.push((
+                    format!("{test}, seed {seed}, policy {policy}"),
+                    verdict,
+                    input.clone(),
+                    output,
+                ));
+            }
+            verdicts
+        }
+    })
+    .await;
+    let mut sent = 0;
+    let (mut undecodable, mut as_sent) = (0, 0);
+    let mut refused = vec![];
+    for (case, verdict, input, output) in results.into_iter().flatten() {
+        sent += 1;
+        match verdict {
+            Verdict::Accepted => {}
+            Verdict::AsSent(_) => as_sent += 1,
+            Verdict::Undecodable(_) => undecodable += 1,
+            Verdict::Refused(e) => refused.push(format!(
+                "{case}: the apiserver refuses the pod as mutated: {e}\n  sent:    {input}\n  mutated: {output}"
+            )),
+        }
+    }
+    assert!(
+        undecodable + as_sent < sent / 2,
+        "most generated pods are refused as sent ({undecodable} undecodable, {as_sent} refused as mutated for the same causes, of {sent}): the generator, not tollgate, is wrong"
+    );
+    assert!(
+        refused.is_empty(),
+        "{} of {sent} generated pods as mutated refused by the apiserver for what tollgate did ({undecodable} undecodable as sent and {as_sent} refused as sent for the same causes were passed over):\n{}",
+        refused.len(),
+        refused.join("\n")
+    );
 }
