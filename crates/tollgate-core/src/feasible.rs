@@ -132,6 +132,11 @@ pub struct Feasibility {
     /// The quotas of the pod's namespace that apply to it: a workload's pods together are
     /// held to them too.
     pub quotas: Vec<Arc<ResourceQuota>>,
+    /// Where the apiserver's own ResourceQuota admission refuses the pod's create (after
+    /// the webhooks, whatever they said), its answer in its words (a 1.36 apiserver's):
+    /// the first quota whose "must specify" or usage fails. Only quotas the quota
+    /// controller has written a status for count, as for the apiserver.
+    pub admission: Option<String>,
 }
 
 impl Finding {
@@ -393,7 +398,22 @@ fn check_quotas(pod: &Pod, quotas: &[Arc<ResourceQuota>], told: Told<'_>, out: &
         }
         out.quotas.push(q.clone());
         must_specify(pod, q, told, out);
-        let found = exceeded(q, &out.usage);
+        let over = over(q, &out.usage, 1);
+        if out.admission.is_none() && !over.is_empty() && has_status(q) {
+            let list = |f: &dyn Fn(&Over) -> &str| {
+                over.iter()
+                    .map(|o| format!("{}={}", o.key, f(o)))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            out.admission = Some(format!(
+                "exceeded quota: {name}, requested: {}, used: {}, limited: {}",
+                list(&|o| &o.asked),
+                list(&|o| o.in_use.as_deref().unwrap_or("0")),
+                list(&|o| &o.limit)
+            ));
+        }
+        let found = exceeded(q, over);
         out.findings.extend(found);
     }
 }
@@ -406,6 +426,9 @@ fn must_specify(pod: &Pod, q: &ResourceQuota, told: Told<'_>, out: &mut Feasibil
         return;
     };
     let hard = q.spec.as_ref().and_then(|s| s.hard.as_ref());
+    // What the quota admission says, where it refuses: each key it tracks (in order) with
+    // the containers that set none.
+    let mut admission: Vec<(&str, Vec<&str>)> = vec![];
     for key in MUST_SPECIFY
         .iter()
         .filter(|k| hard.is_some_and(|h| h.contains_key(**k)))
@@ -427,16 +450,26 @@ fn must_specify(pod: &Pod, q: &ResourceQuota, told: Told<'_>, out: &mut Feasibil
         if pod_level {
             continue;
         }
+        let sets_none = |c: &&k8s_openapi::api::core::v1::Container| {
+            let r = c.resources.as_ref();
+            let m = if limits {
+                r.and_then(|r| r.limits.as_ref())
+            } else {
+                r.and_then(|r| r.requests.as_ref())
+            };
+            !m.is_some_and(|m| m.contains_key(resource))
+        };
+        let none: Vec<&str> = crate::pod::containers(spec)
+            .map(|(_, c)| c)
+            .filter(sets_none)
+            .map(|c| c.name.as_str())
+            .collect();
+        if none.is_empty() {
+            continue;
+        }
+        admission.push((key, none));
         let missing: Vec<String> = crate::pod::containers(spec)
-            .filter(|(_, c)| {
-                let r = c.resources.as_ref();
-                let m = if limits {
-                    r.and_then(|r| r.limits.as_ref())
-                } else {
-                    r.and_then(|r| r.requests.as_ref())
-                };
-                !m.is_some_and(|m| m.contains_key(resource)) && (limits || !told(&c.name, resource))
-            })
+            .filter(|(_, c)| sets_none(c) && (limits || !told(&c.name, resource)))
             .map(|(kind, c)| format!("{} {}", kind.noun(), quote(&c.name)))
             .collect();
         if missing.is_empty() {
@@ -455,6 +488,27 @@ fn must_specify(pod: &Pod, q: &ResourceQuota, told: Told<'_>, out: &mut Feasibil
             ),
         });
     }
+    if out.admission.is_none() && !admission.is_empty() && has_status(q) {
+        admission.sort_by_key(|(k, _)| *k);
+        let list: Vec<String> = admission
+            .iter()
+            .map(|(k, cs)| format!("{k} for: {}", cs.join(",")))
+            .collect();
+        out.admission = Some(format!(
+            "failed quota: {}: must specify {}",
+            q.metadata.name.as_deref().unwrap_or(""),
+            list.join("; ")
+        ));
+    }
+}
+
+/// Whether the quota controller has written what quota `q` allows: the apiserver's quota
+/// admission holds a pod only to such a quota.
+fn has_status(q: &ResourceQuota) -> bool {
+    q.status
+        .as_ref()
+        .and_then(|s| s.hard.as_ref())
+        .is_some_and(|h| !h.is_empty())
 }
 
 /// One quota resource a usage does not fit in.
@@ -521,8 +575,7 @@ pub fn quota_subject(q: &ResourceQuota) -> String {
 }
 
 /// What of quota `q` one pod's usage exceeds, worded for the pod.
-fn exceeded(q: &ResourceQuota, usage: &Usage) -> Vec<Finding> {
-    let over = over(q, usage, 1);
+fn exceeded(q: &ResourceQuota, over: Vec<Over>) -> Vec<Finding> {
     // Nearly every pod fits: no name to format then.
     if over.is_empty() {
         return vec![];

@@ -108,6 +108,16 @@ pub fn run(
         judged.allowed = false;
         judged.message = Some(refused.response.result.message.clone());
     }
+    // Admitted by the webhooks, a pod may still be refused by the apiserver's own quota
+    // admission, which runs after them: kubectl prints its words.
+    if let Some(v) = judged.validate.as_ref().filter(|_| judged.allowed) {
+        if let crate::review::About::Pod(p) = &v.about {
+            if let Some(refusal) = &p.quota_refusal {
+                judged.allowed = false;
+                judged.message = Some(format!("pods {:?} is forbidden: {refusal}", v.name));
+            }
+        }
+    }
     Ok(judged)
 }
 

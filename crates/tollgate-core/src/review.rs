@@ -127,6 +127,9 @@ pub struct PodReview {
     pub opt_out: Option<OptOut>,
     /// On `/validate`: the containers lacking required requests, whatever the mode.
     pub missing: Vec<Missing>,
+    /// On `/validate`, what the apiserver's ResourceQuota admission answers the pod's
+    /// create with after the webhooks, where it refuses it (`Feasibility::admission`).
+    pub quota_refusal: Option<String>,
 }
 
 /// What became of a workload.
@@ -537,7 +540,10 @@ fn mutation_answer(
 /// Takes the decision out of `j` (the mutating webhook's answer, when there is one, is
 /// drawn first).
 fn validation_answer(out: &mut Reviewed, j: &mut Judgement, profile_warning: Option<String>) {
-    let mut review = PodReview::default();
+    let mut review = PodReview {
+        quota_refusal: j.feasibility.as_mut().and_then(|f| f.admission.take()),
+        ..PodReview::default()
+    };
     let mut warnings: Vec<String> = profile_warning.into_iter().collect();
     if let Some(d) = j.validation.take() {
         review.verdict = Some(d.verdict);
