@@ -1,14 +1,27 @@
 //! The exported ValidatingAdmissionPolicy decides as the validating webhook does.
 //!
-//! Its CEL is evaluated as the apiserver would (variables, the validation, the message
-//! with the apiserver's fallbacks, the audit annotations, the binding's action) with the
-//! `cel` crate and kube-cel's port of the strings extension Kubernetes enables, and
-//! compared with `review_bytes` on `/validate` over every golden case (and every mutated
-//! golden pod after the apiserver's defaulting) and over generated policies, requesters
-//! and pods: the same allow or deny, the same missing-requests verdict, the same containers
-//! named, the same message (on one line, as a policy's must be) and the same audit
-//! annotations. The generator is the deterministic PRNG of tests/mutation_props.rs; the
-//! first disagreement is printed with its seed, policy, requester and pod.
+//! - **Through the real apiserver** (tests/common/envtest.rs): generated policies are
+//!   installed as ValidatingAdmissionPolicies and bindings, each selecting namespaces of its
+//!   own (so that all are in force at once), and the generated pods are created there with
+//!   `dryRun=All` as the generated requester (the admin impersonating the user and groups):
+//!   the apiserver's answer (allowed or denied, the denial's message, the warning of a
+//!   policy in warn mode) is compared with the webhook's on the same pod as the apiserver
+//!   admitted it (defaulted: as it came back, or, if refused, as it comes back from a
+//!   namespace no policy selects). A requester whose name
+//!   no HTTP header can carry (empty, or with control characters but tabs) cannot be
+//!   impersonated, and the audit annotations are in no answer (the test apiserver keeps no
+//!   audit log): those stay with the interpreter below.
+//! - **Through a CEL interpreter**, for the bulk of cases: the CEL is evaluated as the
+//!   apiserver would (variables, the validation, the message with the apiserver's
+//!   fallbacks, the audit annotations, the binding's action) with the `cel` crate and
+//!   kube-cel's port of the strings extension Kubernetes enables, over every golden case
+//!   (and every mutated golden pod after the apiserver's defaulting) and over generated
+//!   policies, requesters and pods: the same allow or deny, the same missing-requests
+//!   verdict, the same containers named, the same message (on one line, as a policy's
+//!   must be) and the same audit annotations.
+//!
+//! The generator is the deterministic PRNG of tests/mutation_props.rs; the first
+//! disagreement is printed with its seed, policy, requester and pod.
 
 use crate::common;
 
@@ -703,6 +716,12 @@ const OPT_OUT_VALUES: &[&str] = &[
 ];
 
 fn gen_policy(rng: &mut Rng) -> Policy {
+    gen_policy_in(rng, "")
+}
+
+/// A policy whose namespace globs are all under `prefix` (the namespaces of its cases are
+/// too, [`gen_review_in`]): a glob and a name keep their match with the prefix on both.
+fn gen_policy_in(rng: &mut Rng, prefix: &str) -> Policy {
     let mut p = common::builtin_policy();
     let v = &mut p.validation;
     v.enabled = !rng.chance(8);
@@ -748,7 +767,10 @@ fn gen_policy(rng: &mut Rng) -> Policy {
             .map(Glob::from)
             .collect()
     };
-    o.namespaces = globs(rng, NAMESPACE_GLOBS, 25);
+    o.namespaces = globs(rng, NAMESPACE_GLOBS, 25)
+        .into_iter()
+        .map(|g| Glob::from(format!("{prefix}{}", g.as_str()).as_str()))
+        .collect();
     o.users = globs(rng, USER_GLOBS, 20);
     o.groups = globs(rng, GROUP_GLOBS, 25);
     // The controllers: the shipped list, some of these globs (one overlapping the users'),
@@ -760,7 +782,7 @@ fn gen_policy(rng: &mut Rng) -> Policy {
     // Half the policies have profiles: matched on namespaces, namespace labels or pod
     // labels, each changing the mode, the requests or the opt-out rules.
     let profiles: Vec<Value> = (0..rng.below(4) * usize::from(rng.chance(50)))
-        .map(|i| gen_profile(rng, i))
+        .map(|i| gen_profile(rng, i, prefix))
         .collect();
     if profiles.is_empty() {
         return p;
@@ -796,10 +818,15 @@ fn gen_selector(rng: &mut Rng) -> Value {
     s
 }
 
-fn gen_profile(rng: &mut Rng, i: usize) -> Value {
+fn gen_profile(rng: &mut Rng, i: usize, prefix: &str) -> Value {
     let mut m = json!({});
     if rng.chance(50) {
-        m["namespaces"] = json!(rng.some(NAMESPACE_GLOBS, 30));
+        let globs: Vec<String> = rng
+            .some(NAMESPACE_GLOBS, 30)
+            .into_iter()
+            .map(|g| format!("{prefix}{g}"))
+            .collect();
+        m["namespaces"] = json!(globs);
     }
     if rng.chance(40) {
         m["namespaceSelector"] = gen_selector(rng);
@@ -949,6 +976,11 @@ fn omit_empty(v: &mut Value) {
 }
 
 fn gen_review(rng: &mut Rng, policy: &Policy) -> Value {
+    gen_review_in(rng, policy, "")
+}
+
+/// A request in a namespace under `prefix`.
+fn gen_review_in(rng: &mut Rng, policy: &Policy, prefix: &str) -> Value {
     let mut pod = gen_pod(
         rng,
         &policy.opt_out.annotation,
@@ -957,7 +989,7 @@ fn gen_review(rng: &mut Rng, policy: &Policy) -> Value {
     if rng.chance(70) {
         pod["metadata"]["labels"] = gen_labels(rng);
     }
-    let namespace = *rng.pick(NAMESPACES);
+    let namespace = format!("{prefix}{}", rng.pick(NAMESPACES));
     // Validation runs after the apiserver has set these: metadata is never empty there.
     pod["metadata"]["namespace"] = json!(namespace);
     pod["metadata"]["uid"] = json!("00000000-0000-0000-0000-000000000001");
@@ -1161,4 +1193,412 @@ fn user_names_escaped_only_by_rust_are_the_documented_difference() {
     assert!(h.contains(r#"for "zw\u{200b}sp" in"#), "{h}");
     assert!(v.contains("for \"zw\u{200b}sp\" in"), "{v}");
     assert_eq!(h.replace(r"\u{200b}", "\u{200b}"), v);
+}
+
+// ---------------------------------------------------------------------------------------
+// Generated cases decided by the real apiserver.
+
+/// Generated policies installed in the real apiserver, and requests per policy: the
+/// apiserver's answer to each pod created with `dryRun=All` by the generated requester is
+/// compared with the webhook's. Fewer than the interpreter's cases above (each is two
+/// requests to an apiserver on a shared machine), from the same generator.
+const APISERVER_POLICIES: u64 = 40;
+const APISERVER_REQUESTS_PER_POLICY: u64 = 50;
+
+/// The label of a generated policy's namespaces, which its policies select.
+const WORLD_LABEL: &str = "export-equivalence.tollgate.dev/world";
+
+/// What the apiserver takes in: a generated pod it would refuse before admission (an
+/// ephemeral container at create, no name at all, a resource name that is not a
+/// qualified name, an extended resource without an equal limit, pod-level resources other
+/// than cpu and memory, or less than its containers ask) made one it takes. The webhook
+/// judges the same pod.
+fn admissible(pod: &mut Value) {
+    let spec = pod["spec"].as_object_mut().unwrap();
+    spec.remove("ephemeralContainers");
+    for list in ["containers", "initContainers"] {
+        for c in spec
+            .get_mut(list)
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            let Some(r) = c.get_mut("resources").and_then(Value::as_object_mut) else {
+                continue;
+            };
+            let gpu = ["requests", "limits"]
+                .iter()
+                .any(|k| r.get(*k).is_some_and(|m| m.get("nvidia.com/gpu").is_some()));
+            for k in ["requests", "limits"] {
+                if let Some(m) = r.get_mut(k).and_then(Value::as_object_mut) {
+                    m.remove("example.com/größe");
+                    m.remove("nvidia.com/gpu");
+                }
+            }
+            if gpu {
+                for k in ["requests", "limits"] {
+                    let m = r.entry(k).or_insert_with(|| json!({}));
+                    m["nvidia.com/gpu"] = json!("1");
+                }
+            }
+        }
+    }
+    if let Some(r) = spec.get_mut("resources").and_then(Value::as_object_mut) {
+        for m in r.values_mut().filter_map(Value::as_object_mut) {
+            m.retain(|k, _| k == "cpu" || k == "memory");
+            for v in m.values_mut() {
+                *v = json!("64");
+            }
+        }
+    }
+    let meta = &mut pod["metadata"];
+    let named = |k: &str| meta[k].as_str().is_some_and(|n| !n.is_empty());
+    if !named("name") && !named("generateName") {
+        meta["generateName"] = json!("pod-");
+    }
+}
+
+/// The groups the apiserver gives an impersonated user (its impersonation filter): those
+/// asked for, else a service account's own; and `system:authenticated`.
+fn impersonated_groups(user: &str, groups: &[String]) -> Vec<String> {
+    let mut out = groups.to_vec();
+    if out.is_empty() {
+        if let Some(ns) = user
+            .strip_prefix("system:serviceaccount:")
+            .and_then(|r| r.split_once(':'))
+            .map(|(ns, _)| ns)
+        {
+            out = vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{ns}"),
+            ];
+        }
+    }
+    if !out
+        .iter()
+        .any(|g| g == "system:authenticated" || g == "system:unauthenticated")
+    {
+        out.push("system:authenticated".into());
+    }
+    out
+}
+
+/// The mode of the policy that decides `review` (the profile's, if one fits).
+fn deciding_mode(policy: &Policy, review: &Value, namespace: &Value) -> Mode {
+    let mut cluster = Objects::complete();
+    cluster.add_namespace(serde_json::from_value(namespace.clone()).unwrap());
+    let pod = pod_of(review);
+    let labels = pod.as_ref().and_then(|p| p.metadata.labels.as_ref());
+    let ns = review["request"]["namespace"].as_str().unwrap_or("");
+    profile::select(policy, ns, profile::PodLabels::Parsed(labels), &cluster)
+        .policy
+        .validation
+        .mode
+}
+
+/// A message with generated pod names (`PREFIX` and five characters) made alike: the
+/// apiserver names a pod anew at each create.
+fn generated_names_alike(message: &str, prefixes: &[&str]) -> String {
+    let mut out = message.to_owned();
+    for p in prefixes {
+        let quoted = format!("\"{p}");
+        let mut from = 0;
+        while let Some(i) = out[from..].find(&quoted).map(|i| i + from) {
+            let start = i + quoted.len();
+            let end = start + 5;
+            if out.len() > end
+                && out.as_bytes()[end] == b'"'
+                && out[start..end]
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            {
+                out.replace_range(start..end, "*****");
+            }
+            from = start;
+        }
+    }
+    out
+}
+
+/// One generated case to send: the pod (made admissible), where, and by whom.
+struct Case {
+    seed: u64,
+    policy_seed: u64,
+    namespace: String,
+    pod: Value,
+    user: String,
+    groups: Vec<String>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_cases_are_decided_alike_by_the_apiserver() {
+    use crate::common::admission;
+    use futures::StreamExt as _;
+
+    let Some(cp) = common::envtest::plane() else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    let client = cp.client("admin").await;
+    let admin = &client;
+    // Where a refused pod is created again, no policy there: the pod as the apiserver
+    // admits it, defaulted, is what the webhook judges.
+    let plain = cp.namespace("export-eq-plain", &[]).await;
+    let plain = &plain;
+
+    let mut policies = BTreeMap::new();
+    let mut objects = vec![];
+    let mut namespaces = vec![];
+    let mut cases = vec![];
+    let mut unsendable = 0u64;
+    for policy_seed in 0..APISERVER_POLICIES {
+        let prefix = format!("eq{policy_seed}-");
+        let world = format!("eq{policy_seed}");
+        let mut rng = Rng::new(policy_seed);
+        let policy = gen_policy_in(&mut rng, &prefix);
+        let yaml = export::validating_admission_policy(&policy, &options()).yaml;
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+        for pair in docs.chunks(2) {
+            let (mut vap, mut binding) = (pair[0].clone(), pair[1].clone());
+            let name = format!("{}.{world}", vap["metadata"]["name"].as_str().unwrap());
+            vap["metadata"]["name"] = json!(name);
+            // This policy's namespaces alone (the webhook's namespace selection is
+            // tests/deploy.rs's to hold).
+            vap["spec"]["matchConstraints"]["namespaceSelector"] =
+                json!({"matchLabels": {WORLD_LABEL: world}});
+            binding["metadata"]["name"] = json!(name);
+            binding["spec"]["policyName"] = json!(name);
+            objects.push(vap);
+            objects.push(binding);
+        }
+        // The namespaces, each with labels of its own from the profiles' vocabulary.
+        let mut world_rng = Rng::new(policy_seed ^ 0x0005_eed0_fa11);
+        let mut labels_of = BTreeMap::new();
+        for base in NAMESPACES {
+            let name = format!("{prefix}{base}");
+            let mut labels = gen_labels(&mut world_rng);
+            labels[WORLD_LABEL] = json!(world);
+            labels_of.insert(name.clone(), labels.clone());
+            namespaces.push((name, labels));
+        }
+        for request_seed in 0..APISERVER_REQUESTS_PER_POLICY {
+            let seed = policy_seed * 1_000_000 + request_seed;
+            let mut rng = Rng::new(seed);
+            let review = gen_review_in(&mut rng, &policy, &prefix);
+            let r = &review["request"];
+            let user = r["userInfo"]["username"].as_str().unwrap_or("").to_owned();
+            if !admission::sendable(&user) {
+                unsendable += 1;
+                continue;
+            }
+            let groups: Vec<String> = r["userInfo"]["groups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|g| g.as_str().unwrap().to_owned())
+                .collect();
+            let mut pod = r["object"].clone();
+            admissible(&mut pod);
+            pod.as_object_mut().unwrap()["metadata"]
+                .as_object_mut()
+                .unwrap()
+                .retain(|k, _| k != "namespace" && k != "uid");
+            cases.push(Case {
+                seed,
+                policy_seed,
+                namespace: r["namespace"].as_str().unwrap().to_owned(),
+                pod,
+                user,
+                groups,
+            });
+        }
+        policies.insert(policy_seed, (policy, yaml, labels_of));
+    }
+
+    futures::stream::iter(namespaces.iter())
+        .for_each_concurrent(8, |(name, labels)| async move {
+            let labels: BTreeMap<String, String> = labels
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+                .collect();
+            let ns: k8s_openapi::api::core::v1::Namespace =
+                serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))
+                    .unwrap();
+            kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+                .create(&Default::default(), &ns)
+                .await
+                .unwrap_or_else(|e| panic!("namespace {name}: {e}"));
+            admission::let_anyone_create_pods(admin, name).await;
+        })
+        .await;
+    let created: Vec<Result<Value, String>> = futures::stream::iter(objects.iter())
+        .map(|o| admission::create(admin, o, false))
+        .buffered(8)
+        .collect()
+        .await;
+    for (o, c) in objects.iter().zip(created) {
+        if let Err(e) = c {
+            panic!(
+                "the apiserver refused {}: {e}\n{o:#}",
+                o["metadata"]["name"]
+            );
+        }
+    }
+    let waited = admission::await_enforcement(admin, plain, "export-equivalence").await;
+
+    // The impersonated identities are as [`impersonated_groups`] predicts.
+    for user in USERS.iter().filter(|u| admission::sendable(u)) {
+        for groups in [vec![], vec!["platform".to_owned()]] {
+            let info = admission::user_info(admin, user, &groups).await;
+            assert_eq!(info["username"], *user);
+            assert_eq!(
+                info["groups"],
+                json!(impersonated_groups(user, &groups)),
+                "{user:?} in {groups:?}"
+            );
+        }
+    }
+
+    // (the pod as admitted, or why it was not; the apiserver's answer where the policies
+    // are). An allowed pod comes back as the policies saw it; a refused one is created
+    // again where no policy applies, to see it so (its generated name aside).
+    let answers: Vec<(admission::Answer, admission::Answer)> = futures::stream::iter(cases.iter())
+        .map(|c| async move {
+            let after =
+                admission::dry_run_pod(admin, &c.namespace, &c.pod, Some((&c.user, &c.groups)))
+                    .await;
+            if after.allowed() {
+                return (after.clone(), after);
+            }
+            let before = admission::dry_run_pod(admin, plain, &c.pod, None).await;
+            (before, after)
+        })
+        .buffered(16)
+        .collect()
+        .await;
+
+    admission::delete_all(admin, &objects).await;
+
+    let mut compared = 0u64;
+    let mut inadmissible = vec![];
+    let mut denied = 0u64;
+    let mut warned = 0u64;
+    let mut disagreements = vec![];
+    for (c, (before, after)) in cases.iter().zip(&answers) {
+        let (policy, yaml, labels_of) = &policies[&c.policy_seed];
+        let Some(admitted) = &before.object else {
+            inadmissible.push(format!("seed {}: {:?}", c.seed, before.message));
+            continue;
+        };
+        compared += 1;
+        // The pod as the webhook sees it: defaulted, in its namespace.
+        let mut object = admitted.clone();
+        object["metadata"]["namespace"] = json!(c.namespace);
+        let groups = impersonated_groups(&c.user, &c.groups);
+        let review = json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "00000000-0000-0000-0000-000000000000",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": c.namespace,
+                "operation": "CREATE",
+                "userInfo": {"username": c.user, "groups": groups},
+                "object": object,
+                "dryRun": true,
+            }
+        });
+        let namespace = namespace_object(&review, &labels_of[&c.namespace]);
+        let hook = webhook(policy, &review, &namespace);
+        let mode = deciding_mode(policy, &review, &namespace);
+        let generated: Vec<&str> = c.pod["metadata"]["generateName"]
+            .as_str()
+            .into_iter()
+            .collect();
+        let alike = |m: &str| generated_names_alike(m, &generated);
+        let ours = |(p, _): &(String, String)| p.ends_with(&format!(".eq{}", c.policy_seed));
+        let warnings: Vec<(String, String)> = after
+            .warnings
+            .iter()
+            .filter_map(|w| admission::warning(w))
+            .filter(ours)
+            .collect();
+        let denial = after.message.as_deref().and_then(admission::denial);
+        let mut why = vec![];
+        if after.allowed() != hook.allowed {
+            why.push(format!(
+                "the apiserver {} it, the webhook {}",
+                if after.allowed() {
+                    "allowed"
+                } else {
+                    "refused"
+                },
+                if hook.allowed { "allowed" } else { "refused" }
+            ));
+        }
+        match (&denial, after.allowed()) {
+            (Some(d), false) if ours(d) => {
+                denied += 1;
+                if hook.message.as_deref().map(alike) != Some(alike(&d.1)) {
+                    why.push(format!(
+                        "denied with\n  {}\nthe webhook's\n  {:?}",
+                        d.1, hook.message
+                    ));
+                }
+            }
+            (_, false) => why.push(format!("refused, not by its policy: {after:?}")),
+            _ => {}
+        }
+        let want_warning =
+            (hook.failed && mode == Mode::Warn).then(|| hook.message.clone().unwrap_or_default());
+        match (&want_warning, &warnings[..]) {
+            (None, []) => {}
+            (Some(m), [(_, w)]) if alike(m) == alike(w) => warned += 1,
+            _ => why.push(format!(
+                "warnings {warnings:?}, the webhook's {want_warning:?}"
+            )),
+        }
+        if !why.is_empty() {
+            disagreements.push(format!(
+                "seed {} (policy seed {}): the apiserver and the webhook disagree: {}\n\
+                 requester: {:?} in {:?}, namespace {} {}\npod as admitted: {}\n\
+                 --- the exported policy\n{yaml}",
+                c.seed,
+                c.policy_seed,
+                why.join("; "),
+                c.user,
+                groups,
+                c.namespace,
+                labels_of[&c.namespace],
+                serde_json::to_string(admitted).unwrap(),
+            ));
+        }
+    }
+    eprintln!(
+        "export equivalence through the apiserver: {} policies, {compared} cases compared \
+         ({denied} denied, {warned} warned), {unsendable} not sent (a user name no HTTP \
+         header carries), {} refused before admission, in {:.1?} (enforced after \
+         {waited:.1?})",
+        APISERVER_POLICIES,
+        inadmissible.len(),
+        started.elapsed()
+    );
+    assert!(
+        disagreements.is_empty(),
+        "{} of {compared} disagree; the first:\n{}",
+        disagreements.len(),
+        disagreements[0]
+    );
+    assert!(
+        inadmissible.len() * 20 < cases.len(),
+        "{} of {} generated pods refused before admission: {inadmissible:#?}",
+        inadmissible.len(),
+        cases.len()
+    );
+    assert!(compared >= 1400, "{compared} cases through the apiserver");
+    assert!(denied > compared / 20, "{denied} of {compared} denied");
+    assert!(warned > 0, "no case warned");
 }

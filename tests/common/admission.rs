@@ -286,3 +286,21 @@ pub async fn let_anyone_create_pods(client: &Client, namespace: &str) {
         "RoleBinding in {namespace}: {body}"
     );
 }
+
+/// Deletes ValidatingAdmissionPolicies and bindings a test created (its pods are decided,
+/// and every pod the suite creates after would still be matched against them).
+pub async fn delete_all(client: &Client, objects: &[Value]) {
+    use futures::StreamExt as _;
+    futures::stream::iter(objects)
+        .for_each_concurrent(8, |o| async move {
+            let kind = o["kind"].as_str().unwrap_or_default();
+            let name = o["metadata"]["name"].as_str().unwrap_or_default();
+            let path = format!("{}/{name}", collection(kind));
+            let (code, body, _) = send(client, Method::DELETE, &path, None, None).await;
+            assert!(
+                code == 200 || code == 202 || code == 404,
+                "deleting {kind} {name}: {body}"
+            );
+        })
+        .await;
+}
