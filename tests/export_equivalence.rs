@@ -1602,3 +1602,64 @@ async fn generated_cases_are_decided_alike_by_the_apiserver() {
     assert!(denied > compared / 20, "{denied} of {compared} denied");
     assert!(warned > 0, "no case warned");
 }
+
+/// The documented difference, in the real apiserver: a user name Rust's `{:?}` escapes
+/// outside ASCII (a zero-width space) is written as it is in the policy's message, which
+/// is otherwise the webhook's.
+#[tokio::test]
+async fn the_documented_difference_is_the_apiservers_too() {
+    use crate::common::admission;
+
+    let Some(cp) = common::envtest::plane() else {
+        return;
+    };
+    let client = cp.client("admin").await;
+    let ns = cp.namespace("export-eq-zw", &[(WORLD_LABEL, "zw")]).await;
+    admission::let_anyone_create_pods(&client, &ns).await;
+    let mut policy = Policy::builtin();
+    policy.opt_out.groups = vec!["platform".into()];
+    let yaml = export::validating_admission_policy(&policy, &options()).yaml;
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+    let [vap, binding] = &docs[..] else {
+        panic!("one policy and binding")
+    };
+    let (mut vap, mut binding) = (vap.clone(), binding.clone());
+    let name = format!("{}.zw", export::NAME);
+    vap["metadata"]["name"] = json!(name);
+    vap["spec"]["matchConstraints"]["namespaceSelector"] =
+        json!({"matchLabels": {WORLD_LABEL: "zw"}});
+    binding["metadata"]["name"] = json!(name);
+    binding["spec"]["policyName"] = json!(name);
+    let objects = [vap, binding];
+    for o in &objects {
+        admission::create(&client, o, false).await.unwrap();
+    }
+    admission::await_enforcement(&client, &ns, "export-eq-zw").await;
+
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "notebook", "annotations": {"tollgate.dev/opt-out": "true"}},
+        "spec": {"containers": [{"name": "jupyter", "image": "jupyter"}]},
+    });
+    let user = "zw\u{200b}sp";
+    let answer = admission::dry_run_pod(&client, &ns, &pod, Some((user, &[]))).await;
+    admission::delete_all(&client, &objects).await;
+    let (by, said) = answer
+        .message
+        .as_deref()
+        .and_then(admission::denial)
+        .unwrap_or_else(|| panic!("not denied by the policy: {answer:?}"));
+    assert_eq!(by, name);
+
+    // (`system:authenticated`, as the apiserver gave the impersonated user.)
+    let review = tollgate::cli::synthetic_review(&pod, Some(&ns), user, &[]);
+    let hook = webhook(
+        &policy,
+        &review,
+        &namespace_object(&review, &json!({WORLD_LABEL: "zw"})),
+    );
+    let h = hook.message.unwrap();
+    assert!(h.contains(r#"for "zw\u{200b}sp" in"#), "{h}");
+    assert!(said.contains("for \"zw\u{200b}sp\" in"), "{said}");
+    assert_eq!(h.replace(r"\u{200b}", "\u{200b}"), said);
+}
