@@ -1320,109 +1320,85 @@ fn generated_names_alike(message: &str, prefixes: &[&str]) -> String {
     out
 }
 
-/// One generated case to send: the pod (made admissible), where, and by whom.
+/// A policy installed for the apiserver to judge: its export, each policy renamed
+/// `NAME.TAG` and selecting the namespaces labelled `WORLD_LABEL: TAG`, and those
+/// namespaces, by name, with their labels.
+struct World {
+    tag: String,
+    policy: Policy,
+    yaml: String,
+    namespaces: BTreeMap<String, Value>,
+}
+
+/// One case to send: the pod (made admissible), where (a namespace of its world), and by
+/// whom.
 struct Case {
-    seed: u64,
-    policy_seed: u64,
+    what: String,
+    world: usize,
     namespace: String,
     pod: Value,
     user: String,
     groups: Vec<String>,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn generated_cases_are_decided_alike_by_the_apiserver() {
+/// What the apiserver and the webhook made of the cases.
+#[derive(Default)]
+struct Tally {
+    compared: u64,
+    denied: u64,
+    warned: u64,
+    inadmissible: Vec<String>,
+    disagreements: Vec<String>,
+    waited: std::time::Duration,
+}
+
+/// The worlds installed, each case sent, and the answers held to the webhook's; the
+/// policies are deleted once all are decided. `tag` names the wait's own policy.
+async fn through_the_apiserver(
+    cp: &common::envtest::ControlPlane,
+    worlds: &[World],
+    cases: &[Case],
+    tag: &str,
+) -> Tally {
     use crate::common::admission;
     use futures::StreamExt as _;
 
-    let Some(cp) = common::envtest::plane() else {
-        return;
-    };
-    let started = std::time::Instant::now();
     let client = cp.client("admin").await;
     let admin = &client;
     // Where a refused pod is created again, no policy there: the pod as the apiserver
     // admits it, defaulted, is what the webhook judges.
-    let plain = cp.namespace("export-eq-plain", &[]).await;
+    let plain = cp.namespace(&format!("{tag}-plain"), &[]).await;
     let plain = &plain;
 
-    let mut policies = BTreeMap::new();
     let mut objects = vec![];
-    let mut namespaces = vec![];
-    let mut cases = vec![];
-    let mut unsendable = 0u64;
-    for policy_seed in 0..APISERVER_POLICIES {
-        let prefix = format!("eq{policy_seed}-");
-        let world = format!("eq{policy_seed}");
-        let mut rng = Rng::new(policy_seed);
-        let policy = gen_policy_in(&mut rng, &prefix);
-        let yaml = export::validating_admission_policy(&policy, &options()).yaml;
-        let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+    for w in worlds {
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&w.yaml).unwrap();
         for pair in docs.chunks(2) {
             let (mut vap, mut binding) = (pair[0].clone(), pair[1].clone());
-            let name = format!("{}.{world}", vap["metadata"]["name"].as_str().unwrap());
+            let name = format!("{}.{}", vap["metadata"]["name"].as_str().unwrap(), w.tag);
             vap["metadata"]["name"] = json!(name);
-            // This policy's namespaces alone (the webhook's namespace selection is
+            // This world's namespaces alone (the webhook's namespace selection is
             // tests/deploy.rs's to hold).
             vap["spec"]["matchConstraints"]["namespaceSelector"] =
-                json!({"matchLabels": {WORLD_LABEL: world}});
+                json!({"matchLabels": {WORLD_LABEL: w.tag}});
             binding["metadata"]["name"] = json!(name);
             binding["spec"]["policyName"] = json!(name);
             objects.push(vap);
             objects.push(binding);
         }
-        // The namespaces, each with labels of its own from the profiles' vocabulary.
-        let mut world_rng = Rng::new(policy_seed ^ 0x0005_eed0_fa11);
-        let mut labels_of = BTreeMap::new();
-        for base in NAMESPACES {
-            let name = format!("{prefix}{base}");
-            let mut labels = gen_labels(&mut world_rng);
-            labels[WORLD_LABEL] = json!(world);
-            labels_of.insert(name.clone(), labels.clone());
-            namespaces.push((name, labels));
-        }
-        for request_seed in 0..APISERVER_REQUESTS_PER_POLICY {
-            let seed = policy_seed * 1_000_000 + request_seed;
-            let mut rng = Rng::new(seed);
-            let review = gen_review_in(&mut rng, &policy, &prefix);
-            let r = &review["request"];
-            let user = r["userInfo"]["username"].as_str().unwrap_or("").to_owned();
-            if !admission::sendable(&user) {
-                unsendable += 1;
-                continue;
-            }
-            let groups: Vec<String> = r["userInfo"]["groups"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|g| g.as_str().unwrap().to_owned())
-                .collect();
-            let mut pod = r["object"].clone();
-            admissible(&mut pod);
-            pod.as_object_mut().unwrap()["metadata"]
-                .as_object_mut()
-                .unwrap()
-                .retain(|k, _| k != "namespace" && k != "uid");
-            cases.push(Case {
-                seed,
-                policy_seed,
-                namespace: r["namespace"].as_str().unwrap().to_owned(),
-                pod,
-                user,
-                groups,
-            });
-        }
-        policies.insert(policy_seed, (policy, yaml, labels_of));
     }
-
+    let namespaces: Vec<(&String, Value)> = worlds
+        .iter()
+        .flat_map(|w| {
+            w.namespaces.iter().map(|(n, l)| {
+                let mut l = l.clone();
+                l[WORLD_LABEL] = json!(w.tag);
+                (n, l)
+            })
+        })
+        .collect();
     futures::stream::iter(namespaces.iter())
         .for_each_concurrent(8, |(name, labels)| async move {
-            let labels: BTreeMap<String, String> = labels
-                .as_object()
-                .unwrap()
-                .iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
-                .collect();
             let ns: k8s_openapi::api::core::v1::Namespace =
                 serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))
                     .unwrap();
@@ -1446,20 +1422,10 @@ async fn generated_cases_are_decided_alike_by_the_apiserver() {
             );
         }
     }
-    let waited = admission::await_enforcement(admin, plain, "export-equivalence").await;
-
-    // The impersonated identities are as [`impersonated_groups`] predicts.
-    for user in USERS.iter().filter(|u| admission::sendable(u)) {
-        for groups in [vec![], vec!["platform".to_owned()]] {
-            let info = admission::user_info(admin, user, &groups).await;
-            assert_eq!(info["username"], *user);
-            assert_eq!(
-                info["groups"],
-                json!(impersonated_groups(user, &groups)),
-                "{user:?} in {groups:?}"
-            );
-        }
-    }
+    let mut tally = Tally {
+        waited: admission::await_enforcement(admin, plain, tag).await,
+        ..Tally::default()
+    };
 
     // (the pod as admitted, or why it was not; the apiserver's answer where the policies
     // are). An allowed pod comes back as the policies saw it; a refused one is created
@@ -1478,21 +1444,17 @@ async fn generated_cases_are_decided_alike_by_the_apiserver() {
         .buffered(16)
         .collect()
         .await;
-
     admission::delete_all(admin, &objects).await;
 
-    let mut compared = 0u64;
-    let mut inadmissible = vec![];
-    let mut denied = 0u64;
-    let mut warned = 0u64;
-    let mut disagreements = vec![];
     for (c, (before, after)) in cases.iter().zip(&answers) {
-        let (policy, yaml, labels_of) = &policies[&c.policy_seed];
+        let w = &worlds[c.world];
         let Some(admitted) = &before.object else {
-            inadmissible.push(format!("seed {}: {:?}", c.seed, before.message));
+            tally
+                .inadmissible
+                .push(format!("{}: {:?}", c.what, before.message));
             continue;
         };
-        compared += 1;
+        tally.compared += 1;
         // The pod as the webhook sees it: defaulted, in its namespace.
         let mut object = admitted.clone();
         object["metadata"]["namespace"] = json!(c.namespace);
@@ -1511,15 +1473,18 @@ async fn generated_cases_are_decided_alike_by_the_apiserver() {
                 "dryRun": true,
             }
         });
-        let namespace = namespace_object(&review, &labels_of[&c.namespace]);
-        let hook = webhook(policy, &review, &namespace);
-        let mode = deciding_mode(policy, &review, &namespace);
+        let labels = &w.namespaces[&c.namespace];
+        let mut with_world = labels.clone();
+        with_world[WORLD_LABEL] = json!(w.tag);
+        let namespace = namespace_object(&review, &with_world);
+        let hook = webhook(&w.policy, &review, &namespace);
+        let mode = deciding_mode(&w.policy, &review, &namespace);
         let generated: Vec<&str> = c.pod["metadata"]["generateName"]
             .as_str()
             .into_iter()
             .collect();
         let alike = |m: &str| generated_names_alike(m, &generated);
-        let ours = |(p, _): &(String, String)| p.ends_with(&format!(".eq{}", c.policy_seed));
+        let ours = |(p, _): &(String, String)| p.ends_with(&format!(".{}", w.tag));
         let warnings: Vec<(String, String)> = after
             .warnings
             .iter()
@@ -1541,7 +1506,7 @@ async fn generated_cases_are_decided_alike_by_the_apiserver() {
         }
         match (&denial, after.allowed()) {
             (Some(d), false) if ours(d) => {
-                denied += 1;
+                tally.denied += 1;
                 if hook.message.as_deref().map(alike) != Some(alike(&d.1)) {
                     why.push(format!(
                         "denied with\n  {}\nthe webhook's\n  {:?}",
@@ -1556,51 +1521,155 @@ async fn generated_cases_are_decided_alike_by_the_apiserver() {
             (hook.failed && mode == Mode::Warn).then(|| hook.message.clone().unwrap_or_default());
         match (&want_warning, &warnings[..]) {
             (None, []) => {}
-            (Some(m), [(_, w)]) if alike(m) == alike(w) => warned += 1,
+            (Some(m), [(_, w)]) if alike(m) == alike(w) => tally.warned += 1,
             _ => why.push(format!(
                 "warnings {warnings:?}, the webhook's {want_warning:?}"
             )),
         }
         if !why.is_empty() {
-            disagreements.push(format!(
-                "seed {} (policy seed {}): the apiserver and the webhook disagree: {}\n\
+            tally.disagreements.push(format!(
+                "{}: the apiserver and the webhook disagree: {}\n\
                  requester: {:?} in {:?}, namespace {} {}\npod as admitted: {}\n\
-                 --- the exported policy\n{yaml}",
-                c.seed,
-                c.policy_seed,
+                 --- the exported policy\n{}",
+                c.what,
                 why.join("; "),
                 c.user,
                 groups,
                 c.namespace,
-                labels_of[&c.namespace],
+                labels,
                 serde_json::to_string(admitted).unwrap(),
+                w.yaml,
             ));
         }
     }
+    tally
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_cases_are_decided_alike_by_the_apiserver() {
+    use crate::common::admission;
+
+    let Some(cp) = common::envtest::plane() else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    let mut worlds = vec![];
+    let mut cases = vec![];
+    let mut unsendable = 0u64;
+    for policy_seed in 0..APISERVER_POLICIES {
+        let prefix = format!("eq{policy_seed}-");
+        let mut rng = Rng::new(policy_seed);
+        let policy = gen_policy_in(&mut rng, &prefix);
+        let yaml = export::validating_admission_policy(&policy, &options()).yaml;
+        // The namespaces, each with labels of its own from the profiles' vocabulary.
+        let mut world_rng = Rng::new(policy_seed ^ 0x0005_eed0_fa11);
+        let namespaces = NAMESPACES
+            .iter()
+            .map(|base| (format!("{prefix}{base}"), gen_labels(&mut world_rng)))
+            .collect();
+        for request_seed in 0..APISERVER_REQUESTS_PER_POLICY {
+            let seed = policy_seed * 1_000_000 + request_seed;
+            let mut rng = Rng::new(seed);
+            let review = gen_review_in(&mut rng, &policy, &prefix);
+            match case_of(&review, worlds.len()) {
+                Some(mut c) => {
+                    c.what = format!("seed {seed} (policy seed {policy_seed})");
+                    cases.push(c);
+                }
+                None => unsendable += 1,
+            }
+        }
+        worlds.push(World {
+            tag: format!("eq{policy_seed}"),
+            policy,
+            yaml,
+            namespaces,
+        });
+    }
+
+    // The impersonated identities are as [`impersonated_groups`] predicts.
+    let client = cp.client("admin").await;
+    for user in USERS.iter().filter(|u| admission::sendable(u)) {
+        for groups in [vec![], vec!["platform".to_owned()]] {
+            let info = admission::user_info(&client, user, &groups).await;
+            assert_eq!(info["username"], *user);
+            assert_eq!(
+                info["groups"],
+                json!(impersonated_groups(user, &groups)),
+                "{user:?} in {groups:?}"
+            );
+        }
+    }
+
+    let t = through_the_apiserver(cp, &worlds, &cases, "export-equivalence").await;
     eprintln!(
-        "export equivalence through the apiserver: {} policies, {compared} cases compared \
-         ({denied} denied, {warned} warned), {unsendable} not sent (a user name no HTTP \
-         header carries), {} refused before admission, in {:.1?} (enforced after \
-         {waited:.1?})",
+        "export equivalence through the apiserver: {} policies, {} cases compared \
+         ({} denied, {} warned), {unsendable} not sent (a user name no HTTP header \
+         carries), {} refused before admission, in {:.1?} (enforced after {:.1?})",
         APISERVER_POLICIES,
-        inadmissible.len(),
-        started.elapsed()
+        t.compared,
+        t.denied,
+        t.warned,
+        t.inadmissible.len(),
+        started.elapsed(),
+        t.waited
     );
     assert!(
-        disagreements.is_empty(),
-        "{} of {compared} disagree; the first:\n{}",
-        disagreements.len(),
-        disagreements[0]
+        t.disagreements.is_empty(),
+        "{} of {} disagree; the first:\n{}",
+        t.disagreements.len(),
+        t.compared,
+        t.disagreements[0]
     );
     assert!(
-        inadmissible.len() * 20 < cases.len(),
-        "{} of {} generated pods refused before admission: {inadmissible:#?}",
-        inadmissible.len(),
-        cases.len()
+        t.inadmissible.len() * 20 < cases.len(),
+        "{} of {} generated pods refused before admission: {:#?}",
+        t.inadmissible.len(),
+        cases.len(),
+        t.inadmissible
     );
-    assert!(compared >= 1400, "{compared} cases through the apiserver");
-    assert!(denied > compared / 20, "{denied} of {compared} denied");
-    assert!(warned > 0, "no case warned");
+    assert!(
+        t.compared >= 1400,
+        "{} cases through the apiserver",
+        t.compared
+    );
+    assert!(
+        t.denied > t.compared / 20,
+        "{} of {} denied",
+        t.denied,
+        t.compared
+    );
+    assert!(t.warned > 0, "no case warned");
+}
+
+/// A review's pod and requester as a case of `world` (its pod made admissible, its
+/// namespace and uid left to the apiserver), or None if no HTTP header carries the user.
+fn case_of(review: &Value, world: usize) -> Option<Case> {
+    let r = &review["request"];
+    let user = r["userInfo"]["username"].as_str().unwrap_or("").to_owned();
+    if !crate::common::admission::sendable(&user) {
+        return None;
+    }
+    let groups: Vec<String> = r["userInfo"]["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|g| g.as_str().unwrap().to_owned())
+        .collect();
+    let mut pod = r["object"].clone();
+    admissible(&mut pod);
+    pod["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .retain(|k, _| k != "namespace" && k != "uid");
+    Some(Case {
+        what: String::new(),
+        world,
+        namespace: r["namespace"].as_str().unwrap().to_owned(),
+        pod,
+        user,
+        groups,
+    })
 }
 
 /// The documented difference, in the real apiserver: a user name Rust's `{:?}` escapes
