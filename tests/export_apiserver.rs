@@ -579,7 +579,7 @@ async fn every_export_stays_within_the_apiservers_cost_limits() {
         // own: the namespaces its pods go to are then this test's alone (the suite's other
         // tests create namespaces named as the golden cases', some registering webhooks
         // for them), and no two exports share one.
-        let policy = prefixed(path.as_deref(), &format!("x{i}-"));
+        let policy = admission::policy_under(path.as_deref(), &format!("x{i}-"));
         let yaml = &export::validating_admission_policy(&policy, &export_options()).yaml;
         for pair in pairs(yaml) {
             let (mut vap, mut binding) = renamed(&pair, &case);
@@ -772,39 +772,6 @@ fn shortened(problems: &[String]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// The policy of `path` (the built-in one where None), every namespace name and glob it
-/// gives (the opt-out's, each profile's match and opt-out) under `prefix`: a glob and a
-/// name keep their match with the prefix on both.
-fn prefixed(path: Option<&Path>, prefix: &str) -> Policy {
-    let mut v: Value = match path {
-        Some(p) => serde_saphyr::from_str(&std::fs::read_to_string(p).unwrap()).unwrap(),
-        None => serde_json::to_value(Policy::builtin()).unwrap(),
-    };
-    let under = |list: &mut Value| {
-        for g in list.as_array_mut().into_iter().flatten() {
-            *g = json!(format!("{prefix}{}", g.as_str().unwrap()));
-        }
-    };
-    under(&mut v["optOut"]["namespaces"]);
-    for p in v["profiles"].as_array_mut().into_iter().flatten() {
-        under(&mut p["match"]["namespaces"]);
-        if p["optOut"].is_object() {
-            under(&mut p["optOut"]["namespaces"]);
-        }
-    }
-    // (Indexing made `null`s where there was nothing: gone again.)
-    fn no_nulls(v: &mut Value) {
-        if let Some(o) = v.as_object_mut() {
-            o.retain(|_, x| !x.is_null());
-            o.values_mut().for_each(no_nulls);
-        } else if let Some(a) = v.as_array_mut() {
-            a.iter_mut().for_each(no_nulls);
-        }
-    }
-    no_nulls(&mut v);
-    Policy::from_text("prefixed", &v.to_string()).expect("the prefixed policy loads")
 }
 
 /// The export's options as `tollgate export` has them by default.

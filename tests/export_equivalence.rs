@@ -1,16 +1,17 @@
 //! The exported ValidatingAdmissionPolicy decides as the validating webhook does.
 //!
-//! - **Through the real apiserver** (tests/common/envtest.rs): generated policies are
-//!   installed as ValidatingAdmissionPolicies and bindings, each selecting namespaces of its
-//!   own (so that all are in force at once), and the generated pods are created there with
-//!   `dryRun=All` as the generated requester (the admin impersonating the user and groups):
-//!   the apiserver's answer (allowed or denied, the denial's message, the warning of a
-//!   policy in warn mode) is compared with the webhook's on the same pod as the apiserver
-//!   admitted it (defaulted: as it came back, or, if refused, as it comes back from a
-//!   namespace no policy selects). A requester whose name
-//!   no HTTP header can carry (empty, or with control characters but tabs) cannot be
-//!   impersonated, and the audit annotations are in no answer (the test apiserver keeps no
-//!   audit log): those stay with the interpreter below.
+//! - **Through the real apiserver** (tests/common/envtest.rs): generated policies, and each
+//!   golden case's policy, are installed as ValidatingAdmissionPolicies and bindings, each
+//!   selecting namespaces of its own (its namespace names and globs under a prefix of its
+//!   own, so that all are in force at once), and the generated and golden pods are created
+//!   there with `dryRun=All` as their requesters (the admin impersonating the user and
+//!   groups): the apiserver's answer (allowed or denied, the denial's message, the warning
+//!   of a policy in warn mode) is compared with the webhook's on the same pod as the
+//!   apiserver admitted it (defaulted: as it came back, or, if refused, as it comes back
+//!   from a namespace no policy selects). A requester whose name no HTTP header can carry
+//!   (empty, or with control characters but tabs) cannot be impersonated, and the audit
+//!   annotations are in no answer (the test apiserver keeps no audit log): those stay with
+//!   the interpreter below.
 //! - **Through a CEL interpreter**, for the bulk of cases: the CEL is evaluated as the
 //!   apiserver would (variables, the validation, the message with the apiserver's
 //!   fallbacks, the audit annotations, the binding's action) with the `cel` crate and
@@ -491,6 +492,14 @@ fn compare(
 /// Each golden case: its name, policy, review, and the labels of its namespace (from its
 /// context.yaml, as the webhook's cluster context holds them).
 fn golden_cases() -> Vec<(String, Policy, Value, Value)> {
+    golden_cases_with_paths()
+        .into_iter()
+        .map(|(n, p, r, l, _)| (n, p, r, l))
+        .collect()
+}
+
+/// [`golden_cases`], each with the path of its policy file.
+fn golden_cases_with_paths() -> Vec<(String, Policy, Value, Value, std::path::PathBuf)> {
     let root = common::root().join("tests/golden");
     let mut dirs: Vec<_> = std::fs::read_dir(&root)
         .unwrap()
@@ -534,7 +543,13 @@ fn golden_cases() -> Vec<(String, Policy, Value, Value)> {
             .flatten()
             .find(|d| d["kind"] == "Namespace" && d["metadata"]["name"] == ns)
             .map_or(json!({}), |d| d["metadata"]["labels"].clone());
-        out.push((name.clone(), policy.clone(), review.clone(), labels.clone()));
+        out.push((
+            name.clone(),
+            policy.clone(),
+            review.clone(),
+            labels.clone(),
+            policy_path.clone(),
+        ));
         // What the validating webhook (or the policy) sees of a mutated pod: the golden
         // result of the mutation, after the apiserver's defaulting.
         if dir.join("mutated.yaml").exists() {
@@ -549,6 +564,7 @@ fn golden_cases() -> Vec<(String, Policy, Value, Value)> {
                 policy,
                 after,
                 labels,
+                policy_path,
             ));
         }
     }
@@ -593,6 +609,103 @@ fn every_golden_case_is_decided_alike() {
         }
     }
     assert!(judged > 50, "{judged} golden requests reached the policy");
+}
+
+/// Every golden case's pod (and mutated pod) through the real apiserver: each case its own
+/// world (its policy with its namespace names and globs under a prefix of the case's own,
+/// its namespace so named, with the labels of its context.yaml).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_golden_case_is_decided_alike_by_the_apiserver() {
+    let Some(cp) = common::envtest::plane() else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    let mut worlds = vec![];
+    let mut cases = vec![];
+    let mut unsendable = vec![];
+    for (i, (name, _, review, labels, path)) in golden_cases_with_paths().into_iter().enumerate() {
+        let prefix = format!("gold{i}-");
+        let policy = crate::common::admission::policy_under(Some(&path), &prefix);
+        let yaml = export::validating_admission_policy(&policy, &options()).yaml;
+        let mut review = review;
+        let ns = format!(
+            "{prefix}{}",
+            review["request"]["namespace"].as_str().unwrap()
+        );
+        review["request"]["namespace"] = json!(ns);
+        let labels = if labels.is_object() {
+            labels
+        } else {
+            json!({})
+        };
+        match case_of(&review, worlds.len(), false) {
+            Some(mut c) => {
+                c.what = format!("golden case {name}");
+                cases.push(c);
+            }
+            None => unsendable.push(name.clone()),
+        }
+        worlds.push(World {
+            tag: format!("gold{i}"),
+            policy,
+            yaml,
+            namespaces: BTreeMap::from([(ns, labels)]),
+        });
+    }
+    let t = through_the_apiserver(cp, &worlds, &cases, "export-golden").await;
+    eprintln!(
+        "golden cases through the apiserver: {} compared ({} denied, {} warned), not sent \
+         (a user name no HTTP header carries): {unsendable:?}, refused before admission: \
+         {:?}, in {:.1?}",
+        t.compared,
+        t.denied,
+        t.warned,
+        t.inadmissible,
+        started.elapsed()
+    );
+    assert!(
+        t.disagreements.is_empty(),
+        "{} of {} disagree:\n{}",
+        t.disagreements.len(),
+        t.compared,
+        t.disagreements.join("\n\n")
+    );
+    assert!(
+        t.compared > 60,
+        "{} golden cases through the apiserver",
+        t.compared
+    );
+    // The golden pods a real apiserver refuses before admission: a pod the mutation makes
+    // one it takes (validation, the webhook's or the policy's, sees only that), and two
+    // the apiserver never lets any webhook see.
+    const NEVER_ADMITTED: &[(&str, &str)] = &[
+        (
+            "mutate-json-pointer-escaping",
+            "an annotation key that is not a qualified name",
+        ),
+        (
+            "validate-ephemeral-containers-excluded",
+            "ephemeral containers at create (they come by the subresource)",
+        ),
+    ];
+    let refused = |what: &str| {
+        t.inadmissible
+            .iter()
+            .any(|r| r.starts_with(&format!("{what}:")))
+    };
+    for r in &t.inadmissible {
+        let what = r.split(':').next().unwrap();
+        let case = what
+            .trim_start_matches("golden case ")
+            .trim_end_matches(" (mutated, defaulted)");
+        let mutated = format!("golden case {case} (mutated, defaulted)");
+        let made_admissible =
+            what != mutated && cases.iter().any(|c| c.what == mutated) && !refused(&mutated);
+        assert!(
+            made_admissible || NEVER_ADMITTED.iter().any(|(n, _)| *n == case),
+            "the apiserver refuses a golden pod: {r}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1571,7 +1684,7 @@ async fn generated_cases_are_decided_alike_by_the_apiserver() {
             let seed = policy_seed * 1_000_000 + request_seed;
             let mut rng = Rng::new(seed);
             let review = gen_review_in(&mut rng, &policy, &prefix);
-            match case_of(&review, worlds.len()) {
+            match case_of(&review, worlds.len(), true) {
                 Some(mut c) => {
                     c.what = format!("seed {seed} (policy seed {policy_seed})");
                     cases.push(c);
@@ -1642,9 +1755,10 @@ async fn generated_cases_are_decided_alike_by_the_apiserver() {
     assert!(t.warned > 0, "no case warned");
 }
 
-/// A review's pod and requester as a case of `world` (its pod made admissible, its
-/// namespace and uid left to the apiserver), or None if no HTTP header carries the user.
-fn case_of(review: &Value, world: usize) -> Option<Case> {
+/// A review's pod and requester as a case of `world` (its pod made admissible if asked,
+/// its namespace and uid left to the apiserver), or None if no HTTP header carries the
+/// user.
+fn case_of(review: &Value, world: usize, make_admissible: bool) -> Option<Case> {
     let r = &review["request"];
     let user = r["userInfo"]["username"].as_str().unwrap_or("").to_owned();
     if !crate::common::admission::sendable(&user) {
@@ -1657,7 +1771,9 @@ fn case_of(review: &Value, world: usize) -> Option<Case> {
         .map(|g| g.as_str().unwrap().to_owned())
         .collect();
     let mut pod = r["object"].clone();
-    admissible(&mut pod);
+    if make_admissible {
+        admissible(&mut pod);
+    }
     pod["metadata"]
         .as_object_mut()
         .unwrap()

@@ -304,3 +304,37 @@ pub async fn delete_all(client: &Client, objects: &[Value]) {
         })
         .await;
 }
+
+/// The policy of `path` (the built-in one where None), every namespace name and glob it
+/// gives (the opt-out's, each profile's match and opt-out) under `prefix`: a glob and a
+/// name keep their match with the prefix on both.
+pub fn policy_under(path: Option<&std::path::Path>, prefix: &str) -> tollgate_core::policy::Policy {
+    let mut v: Value = match path {
+        Some(p) => serde_saphyr::from_str(&std::fs::read_to_string(p).unwrap()).unwrap(),
+        None => serde_json::to_value(tollgate_core::policy::Policy::builtin()).unwrap(),
+    };
+    let under = |list: &mut Value| {
+        for g in list.as_array_mut().into_iter().flatten() {
+            *g = json!(format!("{prefix}{}", g.as_str().unwrap()));
+        }
+    };
+    under(&mut v["optOut"]["namespaces"]);
+    for p in v["profiles"].as_array_mut().into_iter().flatten() {
+        under(&mut p["match"]["namespaces"]);
+        if p["optOut"].is_object() {
+            under(&mut p["optOut"]["namespaces"]);
+        }
+    }
+    // (Indexing made `null`s where there was nothing: gone again.)
+    fn no_nulls(v: &mut Value) {
+        if let Some(o) = v.as_object_mut() {
+            o.retain(|_, x| !x.is_null());
+            o.values_mut().for_each(no_nulls);
+        } else if let Some(a) = v.as_array_mut() {
+            a.iter_mut().for_each(no_nulls);
+        }
+    }
+    no_nulls(&mut v);
+    tollgate_core::policy::Policy::from_text("prefixed", &v.to_string())
+        .expect("the prefixed policy loads")
+}
