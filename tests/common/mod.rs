@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tollgate::server::{ActivePolicy, AppState, Limits};
 use tollgate_core::policy::Policy;
 
+pub mod admission;
 pub mod apiserver;
 pub mod context;
 pub mod envtest;
