@@ -8,6 +8,7 @@ use tollgate::server::{ActivePolicy, AppState, Limits};
 use tollgate_core::policy::Policy;
 
 pub mod envtest;
+pub mod identity;
 pub mod tools;
 
 /// A pod with no resources at all, which validation refuses.
