@@ -528,7 +528,7 @@ impl Real {
         futures::stream::iter(objects.into_iter().map(|mut o| {
             o["metadata"]["labels"][RUN] = json!(run);
             let client = client.clone();
-            async move { create(&client, o).await }
+            async move { identity::create(&client, o).await }
         }))
         .buffered(16)
         .collect()
@@ -563,34 +563,6 @@ impl Real {
     async fn audit(&self, args: &[&str]) -> Output {
         self.audit_as(&self.cp.kubeconfig("admin"), args).await
     }
-}
-
-/// Creates one object of any kind the apiserver serves (found by discovery), as `client`.
-async fn create(client: &kube::Client, object: Value) -> Value {
-    let (group, version) = match object["apiVersion"].as_str().unwrap().split_once('/') {
-        Some((g, v)) => (g.to_owned(), v.to_owned()),
-        None => (
-            String::new(),
-            object["apiVersion"].as_str().unwrap().to_owned(),
-        ),
-    };
-    let gvk = kube::api::GroupVersionKind::gvk(&group, &version, object["kind"].as_str().unwrap());
-    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
-        .await
-        .unwrap_or_else(|e| panic!("{gvk:?} is not served: {e}"));
-    let api: kube::Api<kube::api::DynamicObject> =
-        match (caps.scope, object["metadata"]["namespace"].as_str()) {
-            (kube::discovery::Scope::Namespaced, Some(ns)) => {
-                kube::Api::namespaced_with(client.clone(), ns, &resource)
-            }
-            _ => kube::Api::all_with(client.clone(), &resource),
-        };
-    let o: kube::api::DynamicObject = serde_json::from_value(object.clone()).unwrap();
-    let stored = api
-        .create(&Default::default(), &o)
-        .await
-        .unwrap_or_else(|e| panic!("creating {}: {e}", object["metadata"]));
-    serde_json::to_value(stored).unwrap()
 }
 
 /// A pod as a controller writes it (what it asks of the apiserver; the apiserver keeps
@@ -937,7 +909,7 @@ async fn policyreport_output_is_one_report_per_namespace_with_findings() {
     }
     for r in reports {
         let sent = r.clone();
-        let stored = create(&c.client, r).await;
+        let stored = identity::create(&c.client, r).await;
         for key in ["results", "summary", "scope"] {
             assert_eq!(stored[key], sent[key], "{key}");
         }

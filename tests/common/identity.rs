@@ -27,6 +27,43 @@ pub async fn shipped_names() -> tokio::sync::MutexGuard<'static, ()> {
     LOCK.lock().await
 }
 
+/// Creates one object of any kind the apiserver serves (found by discovery), as `client`.
+pub async fn create(client: &kube::Client, object: Value) -> Value {
+    let (group, version) = match object["apiVersion"].as_str().unwrap().split_once('/') {
+        Some((g, v)) => (g.to_owned(), v.to_owned()),
+        None => (
+            String::new(),
+            object["apiVersion"].as_str().unwrap().to_owned(),
+        ),
+    };
+    let gvk = kube::api::GroupVersionKind::gvk(&group, &version, object["kind"].as_str().unwrap());
+    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
+        .await
+        .unwrap_or_else(|e| panic!("{gvk:?} is not served: {e}"));
+    let api: kube::Api<kube::api::DynamicObject> =
+        match (caps.scope, object["metadata"]["namespace"].as_str()) {
+            (kube::discovery::Scope::Namespaced, Some(ns)) => {
+                kube::Api::namespaced_with(client.clone(), ns, &resource)
+            }
+            _ => kube::Api::all_with(client.clone(), &resource),
+        };
+    let o: kube::api::DynamicObject = serde_json::from_value(object.clone()).unwrap();
+    let stored = api
+        .create(&Default::default(), &o)
+        .await
+        .unwrap_or_else(|e| panic!("creating {}: {e}", object["metadata"]));
+    serde_json::to_value(stored).unwrap()
+}
+
+/// Held by every test that runs a background audit with a ServiceAccount bound cluster-wide
+/// by the shipped RBAC: it judges (and keeps or removes the reports of) every namespace it
+/// does not exclude, so two at once, or one and a test holding reports of its own, would
+/// undo each other's reports.
+pub async fn background_audit() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
 /// A kubeconfig (a file that lives as long as the test binary) that authenticates with
 /// `token` to the control plane, `namespace` its context's namespace.
 pub fn kubeconfig_with_token(cp: &ControlPlane, token: &str, namespace: &str) -> PathBuf {
@@ -227,7 +264,7 @@ pub fn moved(docs: &[Value], namespace: &str) -> Vec<Value> {
             if d["metadata"]["namespace"] == "tollgate-system" {
                 d["metadata"]["namespace"] = json!(namespace);
             }
-            if let Some(subjects) = d["subjects"].as_array_mut() {
+            if let Some(subjects) = d.get_mut("subjects").and_then(Value::as_array_mut) {
                 for s in subjects {
                     if s["namespace"] == "tollgate-system" {
                         s["namespace"] = json!(namespace);
