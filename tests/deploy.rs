@@ -997,7 +997,7 @@ fn the_audit_component_adds_its_flag_rbac_and_crd_and_nothing_else() {
 /// base and the audit component grants it (`verb group/resource[/name]`): the reads of the
 /// cluster context and the audit's lists, cluster-wide, and in the server's own namespace
 /// its Lease, `create` unnamed (the object does not exist yet).
-fn audit_needs(home: bool) -> std::collections::BTreeSet<String> {
+pub(crate) fn audit_needs(home: bool) -> std::collections::BTreeSet<String> {
     let mut out = std::collections::BTreeSet::new();
     let mut add = |verbs: &[&str], group: &str, resources: &[&str]| {
         for v in verbs {
