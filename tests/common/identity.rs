@@ -55,14 +55,22 @@ pub async fn create(client: &kube::Client, object: Value) -> Value {
     serde_json::to_value(stored).unwrap()
 }
 
-/// Held by every test that runs a background audit with a ServiceAccount bound cluster-wide
-/// by the shipped RBAC: it judges (and keeps or removes the reports of) every namespace it
-/// does not exclude, so two at once, or one and a test holding reports of its own, would
-/// undo each other's reports.
-pub async fn background_audit() -> tokio::sync::MutexGuard<'static, ()> {
-    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    LOCK.lock().await
+/// Held (exclusively) by every test that runs a background audit with a ServiceAccount
+/// bound cluster-wide by the shipped RBAC: it judges, and keeps or removes the reports of,
+/// every namespace it does not exclude, and removes tollgate's reports in those it does
+/// (as stale), so it runs alone. Tests whose audit RBAC keeps to their own namespaces, and
+/// tests that keep PolicyReports of their own, share it ([`contained_audit`]).
+pub async fn background_audit() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    AUDITS.write().await
 }
+
+/// Held (shared) by a test whose background audit may write only in its own namespaces,
+/// or that keeps PolicyReports of its own: see [`background_audit`].
+pub async fn contained_audit() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    AUDITS.read().await
+}
+
+static AUDITS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// A kubeconfig (a file that lives as long as the test binary) that authenticates with
 /// `token` to the control plane, `namespace` its context's namespace.
