@@ -20,7 +20,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use apiserver::ApiServer;
-use common::envtest::ControlPlane;
 use common::identity;
 use common::net::{self, TestServer};
 use serde_json::{json, Value};
@@ -61,7 +60,6 @@ fn trainer(ns: &str, name: &str) -> Value {
 /// ServiceAccount and the Lease), the account's kubeconfig, and the namespaces of other
 /// tests as they were when it began (left out of the audit).
 struct Cluster {
-    cp: &'static ControlPlane,
     admin: kube::Client,
     home: String,
     namespaces: BTreeMap<String, String>,
@@ -170,7 +168,6 @@ impl Cluster {
             .filter(|n| !namespaces.values().any(|m| m == n))
             .collect();
         Some(Cluster {
-            cp,
             admin,
             home,
             namespaces,
@@ -609,7 +606,6 @@ async fn the_audit_keeps_to_its_rate() {
         common::scrape::value(&samples, "tollgate_audit_last_run_objects", &[]),
         Some(41.0)
     );
-    let _ = c.cp;
     s.running.shutdown().await;
 }
 
