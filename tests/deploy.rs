@@ -1083,7 +1083,6 @@ async fn the_audit_runs_as_the_shipped_service_account_which_may_do_no_more() {
     let Some(docs) = common::rbac::render_if_kubectl("deploy/overlays/audit") else {
         return;
     };
-    let _names = identity::shipped_names().await;
     let _audit = identity::background_audit().await;
     identity::crds(
         cp,
@@ -1094,7 +1093,9 @@ async fn the_audit_runs_as_the_shipped_service_account_which_may_do_no_more() {
     let home = cp.namespace("deploy-audit-home", &[]).await;
     let ml = cp.namespace("deploy-audit-ml", &[]).await;
     let clean = cp.namespace("deploy-audit-clean", &[]).await;
-    let rbac = identity::moved(&identity::rbac_of(&docs), &home);
+    // As shipped, moved into the test's namespace, its cluster-wide objects under names of
+    // the test's own.
+    let rbac = identity::own_names(&identity::moved(&identity::rbac_of(&docs), &home), &home);
     identity::apply(cp, &rbac).unwrap();
     let kubeconfig = identity::service_account(cp, &home, "tollgate").await;
     let nobody = identity::service_account(cp, &home, "bound-to-nothing").await;

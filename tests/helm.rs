@@ -517,6 +517,63 @@ fn chart_needs(home: bool) -> std::collections::BTreeSet<String> {
     out
 }
 
+/// Waits (up to a minute) until no object has a cluster-wide name the chart gives its own.
+async fn taken_names_gone(admin: &kube::Client) {
+    use k8s_openapi::api::admissionregistration::v1 as adm;
+    use k8s_openapi::api::rbac::v1 as rbac;
+    let started = std::time::Instant::now();
+    loop {
+        let mut taken = vec![];
+        let c = admin.clone();
+        if kube::Api::<adm::MutatingWebhookConfiguration>::all(c.clone())
+            .get_opt("tollgate")
+            .await
+            .unwrap()
+            .is_some()
+        {
+            taken.push("MutatingWebhookConfiguration tollgate".to_owned());
+        }
+        if kube::Api::<adm::ValidatingWebhookConfiguration>::all(c.clone())
+            .get_opt("tollgate")
+            .await
+            .unwrap()
+            .is_some()
+        {
+            taken.push("ValidatingWebhookConfiguration tollgate".to_owned());
+        }
+        for name in [
+            "tollgate-cluster-context",
+            "tollgate-certs",
+            "tollgate-audit",
+        ] {
+            if kube::Api::<rbac::ClusterRole>::all(c.clone())
+                .get_opt(name)
+                .await
+                .unwrap()
+                .is_some()
+            {
+                taken.push(format!("ClusterRole {name}"));
+            }
+            if kube::Api::<rbac::ClusterRoleBinding>::all(c.clone())
+                .get_opt(name)
+                .await
+                .unwrap()
+                .is_some()
+            {
+                taken.push(format!("ClusterRoleBinding {name}"));
+            }
+        }
+        if taken.is_empty() {
+            return;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "another test keeps the chart's cluster-wide names: {taken:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 /// The chart installed into the real apiserver by helm-python-sdk's `install`
 /// (`Config.install`, Helm v4), its webhooks scoped to a namespace label no namespace has
 /// and failing open (the apiserver is shared with every other test, and nothing serves
@@ -547,6 +604,10 @@ async fn the_chart_installed_runs_tollgate_with_its_rbac_sufficient_and_no_wider
         return;
     }
     let admin = cp.client("admin").await;
+    // The chart's cluster-wide objects have fixed names, one each per apiserver: another
+    // test's objects of those names (a registration of deploy/base's webhook
+    // configurations, say) are waited out, not taken over.
+    taken_names_gone(&admin).await;
     let ns = cp.namespace("helm-install", &[]).await;
     let ml = cp.namespace("helm-install-ml", &[]).await;
     identity::create(

@@ -63,15 +63,8 @@ impl Cluster {
         let name = format!("tollgate-{ns}");
         // The shipped RBAC in this namespace; its cluster-wide objects named for it, and
         // the webhook configurations it names named as here.
-        let mut rbac = identity::moved(&identity::rbac_of(&docs), &ns);
+        let mut rbac = identity::own_names(&identity::moved(&identity::rbac_of(&docs), &ns), &ns);
         for d in &mut rbac {
-            if d["metadata"]["namespace"].is_null() && d["kind"] != "ServiceAccount" {
-                let n = format!("{}-{ns}", d["metadata"]["name"].as_str().unwrap());
-                d["metadata"]["name"] = json!(n);
-                if d["kind"] == "ClusterRoleBinding" {
-                    d["roleRef"]["name"] = json!(n);
-                }
-            }
             for rule in d
                 .get_mut("rules")
                 .and_then(Value::as_array_mut)

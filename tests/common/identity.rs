@@ -284,6 +284,26 @@ pub fn moved(docs: &[Value], namespace: &str) -> Vec<Value> {
         .collect()
 }
 
+/// `docs` with their cluster-scoped RBAC objects (ClusterRoles, ClusterRoleBindings) named
+/// `NAME-suffix`, and every binding's reference to such a ClusterRole with them: the
+/// shipped names are one per apiserver, shared by every test (rules, subjects and
+/// namespaced objects as they were).
+pub fn own_names(docs: &[Value], suffix: &str) -> Vec<Value> {
+    let renamed = |name: &Value| json!(format!("{}-{suffix}", name.as_str().unwrap()));
+    docs.iter()
+        .map(|d| {
+            let mut d = d.clone();
+            if d["kind"] == "ClusterRole" || d["kind"] == "ClusterRoleBinding" {
+                d["metadata"]["name"] = renamed(&d["metadata"]["name"]);
+            }
+            if d.get("roleRef").is_some() && d["roleRef"]["kind"] == "ClusterRole" {
+                d["roleRef"]["name"] = renamed(&d["roleRef"]["name"]);
+            }
+            d
+        })
+        .collect()
+}
+
 /// The RBAC objects and ServiceAccounts of `docs`.
 pub fn rbac_of(docs: &[Value]) -> Vec<Value> {
     docs.iter()
