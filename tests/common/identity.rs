@@ -29,6 +29,14 @@ pub async fn shipped_names() -> tokio::sync::MutexGuard<'static, ()> {
 
 /// Creates one object of any kind the apiserver serves (found by discovery), as `client`.
 pub async fn create(client: &kube::Client, object: Value) -> Value {
+    let what = object["metadata"].to_string();
+    try_create(client, object)
+        .await
+        .unwrap_or_else(|e| panic!("creating {what}: {e}"))
+}
+
+/// [`create`], the apiserver's refusal returned.
+pub async fn try_create(client: &kube::Client, object: Value) -> Result<Value, kube::Error> {
     let (group, version) = match object["apiVersion"].as_str().unwrap().split_once('/') {
         Some((g, v)) => (g.to_owned(), v.to_owned()),
         None => (
@@ -47,12 +55,9 @@ pub async fn create(client: &kube::Client, object: Value) -> Value {
             }
             _ => kube::Api::all_with(client.clone(), &resource),
         };
-    let o: kube::api::DynamicObject = serde_json::from_value(object.clone()).unwrap();
-    let stored = api
-        .create(&Default::default(), &o)
-        .await
-        .unwrap_or_else(|e| panic!("creating {}: {e}", object["metadata"]));
-    serde_json::to_value(stored).unwrap()
+    let o: kube::api::DynamicObject = serde_json::from_value(object).unwrap();
+    let stored = api.create(&Default::default(), &o).await?;
+    Ok(serde_json::to_value(stored).unwrap())
 }
 
 /// Held (exclusively) by every test that runs a background audit with a ServiceAccount
