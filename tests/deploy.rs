@@ -1,6 +1,10 @@
 //! The deployment manifests (deploy/) rendered with `kubectl kustomize`, checked against what
 //! the server actually serves, against the Dockerfile, and against `tollgate register`.
 //!
+//! The RBAC of deploy/overlays/audit is held to the real kube-apiserver
+//! (tests/common/envtest.rs): tollgate run as its ServiceAccount, and what the apiserver
+//! says that account may do.
+//!
 //! Every test that renders needs `kubectl` on PATH; without it they print why and pass.
 
 use crate::common;

@@ -15,6 +15,9 @@
 //! - Every object rendered, by the chart and by the overlays, holds to the Kubernetes API's
 //!   schemas (tests/support/k8s_schema.rs).
 //! - values.schema.json refuses a wrong value at install, naming it.
+//! - Installed into the real kube-apiserver (tests/common/envtest.rs) by the SDK's
+//!   `install` (tests/helm/install.py), its objects are stored, and tollgate run with its
+//!   ServiceAccount's token finds its RBAC sufficient and no wider than the code needs.
 
 use crate::common;
 use crate::k8s_schema;
