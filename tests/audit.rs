@@ -658,10 +658,11 @@ impl Real {
     /// The admin's kubeconfig with `namespace` its context's namespace.
     fn admin_in(&self, namespace: &str) -> PathBuf {
         let text = std::fs::read_to_string(self.cp.kubeconfig("admin")).unwrap();
-        let path = std::env::temp_dir().join(format!(
-            "tollgate-audit-{}-{namespace}.kubeconfig",
-            std::process::id()
-        ));
+        // Beside the harness's own: removed with the control plane's files.
+        let path = self
+            .cp
+            .kubeconfig("admin")
+            .with_file_name(format!("admin-in-{namespace}.kubeconfig"));
         std::fs::write(
             &path,
             text.replace("namespace: default", &format!("namespace: {namespace}")),

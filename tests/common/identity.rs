@@ -18,10 +18,11 @@ use serde_json::{json, Value};
 
 use super::envtest::ControlPlane;
 
-/// Held by every test that creates the cluster-scoped objects the manifests name
-/// (`tollgate-*` ClusterRoles and ClusterRoleBindings, the `tollgate` webhook
-/// configurations): they have one name in the whole shared apiserver, so such tests take
-/// turns.
+/// Held by every test that creates objects under the cluster-wide names the manifests
+/// give them (`tollgate-*` ClusterRoles and ClusterRoleBindings, the `tollgate` webhook
+/// configurations), as the chart's install must (tests/helm.rs): one of each per
+/// apiserver, so such tests take turns. Tests that may rename them do
+/// ([`own_names`]) and need not.
 pub async fn shipped_names() -> tokio::sync::MutexGuard<'static, ()> {
     static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     LOCK.lock().await
@@ -77,7 +78,7 @@ pub async fn contained_audit() -> tokio::sync::RwLockReadGuard<'static, ()> {
 
 static AUDITS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
-/// A kubeconfig (a file that lives as long as the test binary) that authenticates with
+/// A kubeconfig (a file that lives as long as the control plane) that authenticates with
 /// `token` to the control plane, `namespace` its context's namespace.
 pub fn kubeconfig_with_token(cp: &ControlPlane, token: &str, namespace: &str) -> PathBuf {
     use base64::Engine as _;
@@ -90,9 +91,8 @@ pub fn kubeconfig_with_token(cp: &ControlPlane, token: &str, namespace: &str) ->
          user: sa\n    namespace: {namespace}\ncurrent-context: envtest\n",
         cp.url
     );
-    let dir = std::env::temp_dir().join(format!("tollgate-identity-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!(
+    // Beside the harness's own kubeconfigs: removed with the control plane's files.
+    let path = cp.kubeconfig("admin").with_file_name(format!(
         "sa-{}.kubeconfig",
         N.fetch_add(1, Ordering::Relaxed)
     ));
