@@ -1,23 +1,37 @@
-//! `serve --audit-interval`: the background audit against the in-process apiserver
-//! stand-in. PolicyReports created, updated and removed as the cluster changes; the
-//! `tollgate_audit_*` metrics; one writer at a time under the Lease, with two servers on
-//! one stand-in told apart by their bearer tokens in its request log; the pacing.
+//! `serve --audit-interval`: the background audit against the real kube-apiserver
+//! (tests/common/envtest.rs), with the PolicyReport CRD of
+//! deploy/components/policy-reports installed. PolicyReports created, updated and removed
+//! as the cluster changes; the `tollgate_audit_*` metrics; one writer at a time under a
+//! coordination.k8s.io Lease, taken over when released or when it runs out; the pacing.
+//!
+//! The apiserver is shared with every other test: each test's server runs as a
+//! ServiceAccount of its own, bound by the shipped RBAC's rules in the test's own
+//! namespaces only (and the cluster context's reads cluster-wide), and leaves out the
+//! namespaces that were there before it started. A namespace another test makes meanwhile
+//! is one this account may not list the pods of: not audited, no report written there.
+//!
+//! On the stand-in still: the review latency with a background audit over 20,000 pods (a
+//! measurement, ignored by default: too many pods to create for a test).
 
 use crate::common;
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use apiserver::{ApiServer, RequestRecord, Verb};
+use apiserver::ApiServer;
+use common::identity;
 use common::net::{self, TestServer};
 use serde_json::{json, Value};
 use tollgate::server::{AuditOptions, ClusterOptions};
 use tollgate_apiserver_standin as apiserver;
 
+const CRD: &str = "deploy/components/policy-reports/crd/wgpolicyk8s.io_policyreports.yaml";
+
 fn pod(ns: &str, name: &str, containers: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": ns},
-        "spec": {"nodeName": "node-1", "containers": containers},
-        "status": {"phase": "Running"}})
+        "spec": {"containers": containers}})
 }
 
 fn notebook(ns: &str, name: &str) -> Value {
@@ -42,11 +56,196 @@ fn trainer(ns: &str, name: &str) -> Value {
     p
 }
 
-fn namespace(api: &ApiServer, name: &str) {
-    api.insert(
-        "namespaces",
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
-    );
+/// One test's corner of the real apiserver: its namespaces (the first, `home`, holds the
+/// ServiceAccount and the Lease), the account's kubeconfig, and the namespaces of other
+/// tests as they were when it began (left out of the audit).
+struct Cluster {
+    admin: kube::Client,
+    home: String,
+    namespaces: BTreeMap<String, String>,
+    kubeconfig: PathBuf,
+    others: Vec<String>,
+    _turn: tokio::sync::RwLockReadGuard<'static, ()>,
+}
+
+/// The rules of the shipped ClusterRole or Role `name` (deploy/overlays/audit).
+fn shipped_rules(docs: &[Value], kind: &str, name: &str) -> Vec<Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("{kind} {name}"))["rules"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+impl Cluster {
+    /// Namespaces `prefix-NAME-N` for each of `names`, a ServiceAccount in the first bound
+    /// (under names of the test's own) by: the cluster context's rules and `list
+    /// policyreports` cluster-wide, the audit's rules in each of these namespaces, the
+    /// Lease's Role in the first.
+    async fn new(prefix: &str, names: &[&str]) -> Option<Cluster> {
+        let cp = common::envtest::plane()?;
+        let docs = common::rbac::render_if_kubectl("deploy/overlays/audit")?;
+        identity::crds(cp, CRD).await?;
+        let turn = identity::contained_audit().await;
+        let admin = cp.client("admin").await;
+        let mut namespaces = BTreeMap::new();
+        for n in names {
+            namespaces.insert(
+                (*n).to_owned(),
+                cp.namespace(&format!("{prefix}-{n}"), &[]).await,
+            );
+        }
+        let home = namespaces[names[0]].clone();
+        let sa = json!([{"kind": "ServiceAccount", "name": "tollgate", "namespace": home}]);
+        let rbac = |kind: &str, name: &str, ns: Option<&str>, rules: Vec<Value>| {
+            let mut m = json!({"name": name});
+            if let Some(ns) = ns {
+                m["namespace"] = json!(ns);
+            }
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
+                "metadata": m, "rules": rules})
+        };
+        let binding = |kind: &str, name: &str, ns: Option<&str>, role_kind: &str, role: &str| {
+            let mut m = json!({"name": name});
+            if let Some(ns) = ns {
+                m["namespace"] = json!(ns);
+            }
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
+                "metadata": m, "subjects": sa,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role}})
+        };
+        let mut read = shipped_rules(&docs, "ClusterRole", "tollgate-cluster-context");
+        read.push(json!({"apiGroups": ["wgpolicyk8s.io"], "resources": ["policyreports"], "verbs": ["list"]}));
+        let (read_name, audit_name) = (format!("{home}-read"), format!("{home}-audit"));
+        let mut objects = vec![
+            rbac("ClusterRole", &read_name, None, read),
+            binding(
+                "ClusterRoleBinding",
+                &read_name,
+                None,
+                "ClusterRole",
+                &read_name,
+            ),
+            rbac(
+                "ClusterRole",
+                &audit_name,
+                None,
+                shipped_rules(&docs, "ClusterRole", "tollgate-audit"),
+            ),
+            rbac(
+                "Role",
+                "tollgate-audit-lease",
+                Some(&home),
+                shipped_rules(&docs, "Role", "tollgate-audit-lease"),
+            ),
+            binding(
+                "RoleBinding",
+                "tollgate-audit-lease",
+                Some(&home),
+                "Role",
+                "tollgate-audit-lease",
+            ),
+        ];
+        for ns in namespaces.values() {
+            objects.push(binding(
+                "RoleBinding",
+                "tollgate-audit",
+                Some(ns),
+                "ClusterRole",
+                &audit_name,
+            ));
+        }
+        identity::apply(cp, &objects)?;
+        let kubeconfig = identity::service_account(cp, &home, "tollgate").await;
+        let others = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|n| n.metadata.name)
+            .filter(|n| !namespaces.values().any(|m| m == n))
+            .collect();
+        Some(Cluster {
+            admin,
+            home,
+            namespaces,
+            kubeconfig,
+            others,
+            _turn: turn,
+        })
+    }
+
+    fn ns(&self, name: &str) -> &str {
+        &self.namespaces[name]
+    }
+
+    async fn create(&self, objects: Vec<Value>) {
+        for o in objects {
+            identity::create(&self.admin, o).await;
+        }
+    }
+
+    async fn delete_pod(&self, ns: &str, name: &str) {
+        let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(self.admin.clone(), ns);
+        // No kubelet to finish a graceful deletion.
+        let dp = kube::api::DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        api.delete(name, &dp).await.unwrap();
+    }
+
+    fn reports(&self, ns: &str) -> kube::Api<kube::api::DynamicObject> {
+        let ar = kube::api::ApiResource {
+            group: "wgpolicyk8s.io".into(),
+            version: "v1alpha2".into(),
+            api_version: "wgpolicyk8s.io/v1alpha2".into(),
+            kind: "PolicyReport".into(),
+            plural: "policyreports".into(),
+        };
+        kube::Api::namespaced_with(self.admin.clone(), ns, &ar)
+    }
+
+    async fn report(&self, ns: &str) -> Option<Value> {
+        self.reports(ns)
+            .get_opt("tollgate")
+            .await
+            .unwrap()
+            .map(|r| serde_json::to_value(r).unwrap())
+    }
+
+    fn leases(&self) -> kube::Api<k8s_openapi::api::coordination::v1::Lease> {
+        kube::Api::namespaced(self.admin.clone(), &self.home)
+    }
+
+    async fn holder(&self) -> String {
+        self.leases()
+            .get_opt("tollgate-audit")
+            .await
+            .unwrap()
+            .and_then(|l| l.spec?.holder_identity)
+            .unwrap_or_default()
+    }
+
+    /// A server with the cluster context and the background audit, as the account.
+    async fn server(&self, tweak: impl FnOnce(&mut AuditOptions)) -> TestServer {
+        let mut audit = fast(&self.kubeconfig);
+        audit.exclude = self.others.clone();
+        tweak(&mut audit);
+        let path = self.kubeconfig.clone();
+        net::start(|o| {
+            o.cluster = Some(ClusterOptions {
+                kubeconfig: Some(path),
+                context: None,
+                fetch_timeout: Duration::from_millis(500),
+            });
+            o.audit = Some(audit);
+        })
+        .await
+    }
 }
 
 /// Fast enough for a test: runs back to back, unpaced, a two-second Lease.
@@ -59,30 +258,6 @@ fn fast(kubeconfig: &std::path::Path) -> AuditOptions {
     o
 }
 
-async fn server(
-    api: &ApiServer,
-    token: Option<&str>,
-    tweak: impl FnOnce(&mut AuditOptions),
-) -> TestServer {
-    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
-    match token {
-        Some(t) => api.write_kubeconfig_for(kubeconfig.path(), t).unwrap(),
-        None => api.write_kubeconfig(kubeconfig.path()).unwrap(),
-    }
-    let path = kubeconfig.into_temp_path().keep().unwrap();
-    let mut audit = fast(&path);
-    tweak(&mut audit);
-    net::start(|o| {
-        o.cluster = Some(ClusterOptions {
-            kubeconfig: Some(path.clone()),
-            context: None,
-            fetch_timeout: Duration::from_millis(500),
-        });
-        o.audit = Some(audit);
-    })
-    .await
-}
-
 async fn until(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> bool) {
     let start = Instant::now();
     while !f().await {
@@ -91,60 +266,79 @@ async fn until(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> bool) {
     }
 }
 
-fn report(api: &ApiServer, ns: &str) -> Option<Value> {
-    api.get("policyreports", Some(ns), "tollgate")
-}
-
 async fn metrics(s: &TestServer) -> Vec<common::scrape::Sample> {
     common::scrape::parse(&net::get_metrics(s.running.metrics_addr.unwrap()).await)
 }
 
-fn writes(api: &ApiServer) -> Vec<RequestRecord> {
-    api.requests()
-        .into_iter()
-        .filter(|r| r.resource.as_deref() == Some("policyreports"))
-        .filter(|r| matches!(r.verb, Verb::Create | Verb::Update | Verb::Delete))
-        .collect()
+async fn metric(s: &TestServer, name: &str, labels: &[(&str, &str)]) -> f64 {
+    common::scrape::value(&metrics(s).await, name, labels).unwrap_or(0.0)
+}
+
+/// The reports written (created, updated, deleted) so far, by the server's counters.
+async fn writes(s: &TestServer) -> f64 {
+    let samples = metrics(s).await;
+    ["created", "updated", "deleted"]
+        .iter()
+        .map(|a| {
+            common::scrape::value(&samples, "tollgate_audit_reports_total", &[("action", a)])
+                .unwrap_or(0.0)
+        })
+        .sum()
+}
+
+fn version(r: &Value) -> (String, String) {
+    (
+        r["metadata"]["uid"].as_str().unwrap().to_owned(),
+        r["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_are_created_updated_and_removed_as_findings_change() {
-    let api = ApiServer::start().await;
-    for ns in ["refused", "mutated", "clean", "kube-system"] {
-        namespace(&api, ns);
-    }
-    // Never enforced, so never audited (`--audit-exclude-namespace`).
-    api.insert("pods", notebook("kube-system", "coredns"));
-    api.insert("pods", notebook("refused", "nb"));
-    api.insert("pods", sized("refused", "fine"));
-    api.insert("pods", trainer("mutated", "worker-0"));
-    api.insert("pods", sized("clean", "fine"));
-    // A report of tollgate's in a namespace that no longer exists.
-    api.insert(
-        "policyreports",
+    let Some(c) = Cluster::new(
+        "audit-bg",
+        &["home", "refused", "mutated", "clean", "kube-like"],
+    )
+    .await
+    else {
+        return;
+    };
+    let (refused, mutated, clean, excluded) = (
+        c.ns("refused").to_owned(),
+        c.ns("mutated").to_owned(),
+        c.ns("clean").to_owned(),
+        c.ns("kube-like").to_owned(),
+    );
+    c.create(vec![
+        // Never enforced, so never audited (`--audit-exclude-namespace`).
+        notebook(&excluded, "coredns"),
+        notebook(&refused, "nb"),
+        sized(&refused, "fine"),
+        trainer(&mutated, "worker-0"),
+        sized(&clean, "fine"),
+        // A report of tollgate's in a namespace no longer audited (excluded): stale.
         json!({"apiVersion": "wgpolicyk8s.io/v1alpha2", "kind": "PolicyReport",
-            "metadata": {"name": "tollgate", "namespace": "gone",
+            "metadata": {"name": "tollgate", "namespace": excluded,
                 "labels": {"app.kubernetes.io/managed-by": "tollgate"}},
             "results": [], "summary": {}}),
-    );
-    let s = server(&api, None, |o| o.exclude = vec!["kube-*".into()]).await;
+    ])
+    .await;
+    let s = c.server(|o| o.exclude.push(excluded.clone())).await;
     let limit = Duration::from_secs(20);
     until("both reports", limit, async || {
-        report(&api, "refused").is_some() && report(&api, "mutated").is_some()
+        c.report(&refused).await.is_some() && c.report(&mutated).await.is_some()
     })
     .await;
     until("the stale report removed", limit, async || {
-        report(&api, "gone").is_none()
+        c.report(&excluded).await.is_none()
     })
     .await;
-    assert!(report(&api, "clean").is_none(), "no findings, no report");
-    assert!(report(&api, "kube-system").is_none(), "excluded");
-    assert!(api
-        .requests_for(Verb::List, "pods")
-        .iter()
-        .all(|r| r.namespace.as_deref() != Some("kube-system")));
+    assert!(c.report(&clean).await.is_none(), "no findings, no report");
 
-    let r = report(&api, "refused").unwrap();
+    let r = c.report(&refused).await.unwrap();
     assert_eq!(
         r["metadata"]["labels"]["app.kubernetes.io/managed-by"],
         "tollgate"
@@ -155,44 +349,38 @@ async fn reports_are_created_updated_and_removed_as_findings_change() {
     );
     assert_eq!(r["results"][0]["rule"], "requests");
     assert_eq!(r["results"][0]["resources"][0]["name"], "nb");
-    let m = report(&api, "mutated").unwrap();
+    let m = c.report(&mutated).await.unwrap();
     assert_eq!(m["summary"]["warn"], 4);
 
-    let lease = api
-        .get("leases", Some("default"), "tollgate-audit")
+    let lease = c
+        .leases()
+        .get("tollgate-audit")
+        .await
         .expect("the Lease, in the kubeconfig's namespace");
-    assert!(!lease["spec"]["holderIdentity"].as_str().unwrap().is_empty());
+    assert!(!lease.spec.unwrap().holder_identity.unwrap().is_empty());
 
-    // Steady state: the same findings are not written again.
-    let samples = metrics(&s).await;
-    assert_eq!(
-        common::scrape::value(&samples, "tollgate_audit_leader", &[]),
-        Some(1.0)
-    );
-    let runs = common::scrape::value(
-        &samples,
-        "tollgate_audit_runs_total",
-        &[("result", "success")],
-    )
-    .unwrap();
-    let before = writes(&api).len();
+    // Steady state: the same findings are not written again (the server's counters, and
+    // the reports' resourceVersions, hold still over two more runs).
+    assert_eq!(metric(&s, "tollgate_audit_leader", &[]).await, 1.0);
+    let runs = metric(&s, "tollgate_audit_runs_total", &[("result", "success")]).await;
+    let before = writes(&s).await;
     until("two more runs", limit, async || {
-        let m = net::get_metrics(s.running.metrics_addr.unwrap()).await;
-        common::scrape::value(
-            &common::scrape::parse(&m),
-            "tollgate_audit_runs_total",
-            &[("result", "success")],
-        )
-        .unwrap_or(0.0)
-            >= runs + 2.0
+        metric(&s, "tollgate_audit_runs_total", &[("result", "success")]).await >= runs + 2.0
     })
     .await;
-    assert_eq!(writes(&api).len(), before, "{:#?}", writes(&api));
+    assert_eq!(writes(&s).await, before);
+    assert_eq!(version(&c.report(&refused).await.unwrap()), version(&r));
+    assert_eq!(version(&c.report(&mutated).await.unwrap()), version(&m));
+    assert!(
+        c.report(&excluded).await.is_none(),
+        "excluded: never written"
+    );
+    let samples = metrics(&s).await;
     assert_eq!(
         common::scrape::value(
             &samples,
             "tollgate_audit_findings",
-            &[("namespace", "mutated"), ("rule", "tolerations")]
+            &[("namespace", &mutated), ("rule", "tolerations")]
         ),
         Some(1.0)
     );
@@ -200,38 +388,40 @@ async fn reports_are_created_updated_and_removed_as_findings_change() {
         common::scrape::value(
             &samples,
             "tollgate_audit_findings",
-            &[("namespace", "refused"), ("rule", "requests")]
+            &[("namespace", &refused), ("rule", "requests")]
         ),
         Some(1.0)
     );
 
     // Fixed: the report goes. Broken: one appears. More found: the report is replaced.
-    api.modify("pods", Some("refused"), "nb", |p| {
-        p["spec"]["containers"][0]["resources"] =
-            json!({"requests": {"cpu": "1", "memory": "1Gi"}});
-    });
-    api.insert("pods", notebook("clean", "nb"));
-    api.insert("pods", trainer("mutated", "worker-1"));
+    // (A pod's resources are immutable: the fixed pod is a new one.)
+    c.delete_pod(&refused, "nb").await;
+    c.create(vec![
+        sized(&refused, "nb-fixed"),
+        notebook(&clean, "nb"),
+        trainer(&mutated, "worker-1"),
+    ])
+    .await;
     until("the fixed namespace's report removed", limit, async || {
-        report(&api, "refused").is_none()
+        c.report(&refused).await.is_none()
     })
     .await;
     until("a report for the new finding", limit, async || {
-        report(&api, "clean").is_some()
+        c.report(&clean).await.is_some()
     })
     .await;
     until("the grown report replaced", limit, async || {
-        report(&api, "mutated").is_some_and(|r| r["summary"]["warn"] == 8)
+        c.report(&mutated)
+            .await
+            .is_some_and(|r| r["summary"]["warn"] == 8)
     })
     .await;
-    let updates = api.requests_for(Verb::Update, "policyreports");
-    assert!(
-        updates
-            .iter()
-            .any(|u| u.namespace.as_deref() == Some("mutated") && u.status == 200),
-        "{updates:#?}"
+    let grown = c.report(&mutated).await.unwrap();
+    assert_eq!(
+        grown["metadata"]["uid"], m["metadata"]["uid"],
+        "updated in place, not made anew"
     );
-    let grown = report(&api, "mutated").unwrap();
+    assert!(metric(&s, "tollgate_audit_reports_total", &[("action", "updated")]).await >= 1.0);
     let first_seen = grown["results"]
         .as_array()
         .unwrap()
@@ -245,18 +435,17 @@ async fn reports_are_created_updated_and_removed_as_findings_change() {
     );
 
     until("the fixed namespace's series gone", limit, async || {
-        let m = net::get_metrics(s.running.metrics_addr.unwrap()).await;
-        let samples = common::scrape::parse(&m);
+        let samples = metrics(&s).await;
         common::scrape::value(
             &samples,
             "tollgate_audit_findings",
-            &[("namespace", "refused"), ("rule", "requests")],
+            &[("namespace", &refused), ("rule", "requests")],
         )
         .is_none()
             && common::scrape::value(
                 &samples,
                 "tollgate_audit_findings",
-                &[("namespace", "mutated"), ("rule", "tolerations")],
+                &[("namespace", &mutated), ("rule", "tolerations")],
             ) == Some(2.0)
     })
     .await;
@@ -284,79 +473,47 @@ async fn reports_are_created_updated_and_removed_as_findings_change() {
     s.running.shutdown().await;
 }
 
-fn by(api: &ApiServer, token: &str) -> Vec<RequestRecord> {
-    api.requests()
-        .into_iter()
-        .filter(|r| r.token.as_deref() == Some(token))
-        .collect()
-}
-
-fn holder(api: &ApiServer) -> String {
-    api.get("leases", Some("default"), "tollgate-audit")
-        .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
-        .unwrap_or_default()
-}
-
-/// Two replicas, one stand-in: only the holder of the Lease lists pods and writes reports;
-/// when it shuts down it releases the Lease and the other takes over at once.
+/// Two replicas, one apiserver: only the holder of the Lease audits and writes reports
+/// (the other's counters stay at nothing); when it shuts down it releases the Lease and
+/// the other takes over at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_share_one_lease_and_only_the_holder_writes() {
-    let api = ApiServer::builder()
-        .resources(apiserver::ResourceType::defaults())
-        .no_auth()
-        .start()
-        .await;
-    namespace(&api, "ml");
-    api.insert("pods", notebook("ml", "nb"));
+    let Some(c) = Cluster::new("audit-two", &["ml"]).await else {
+        return;
+    };
+    let ml = c.ns("ml").to_owned();
+    c.create(vec![notebook(&ml, "nb")]).await;
     let limit = Duration::from_secs(20);
-    let a = server(&api, Some("server-a"), |_| {}).await;
-    until("a's report", limit, async || report(&api, "ml").is_some()).await;
-    let first = holder(&api);
-    let b = server(&api, Some("server-b"), |_| {}).await;
-    // B is up (its caches listed) and tries for the Lease while A holds it.
-    until("b trying for the lease", limit, async || {
-        by(&api, "server-b")
-            .iter()
-            .filter(|r| r.resource.as_deref() == Some("leases"))
-            .count()
-            >= 3
-    })
-    .await;
-    api.insert("pods", notebook("ml", "nb-2"));
+    let a = c.server(|_| {}).await;
+    until("a's report", limit, async || c.report(&ml).await.is_some()).await;
+    let first = c.holder().await;
+    let b = c.server(|_| {}).await;
+    // B is up and tries for the Lease while A holds it: a few of its renewal periods.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    c.create(vec![notebook(&ml, "nb-2")]).await;
     until("the report with both pods", limit, async || {
-        report(&api, "ml").is_some_and(|r| r["summary"]["fail"] == 2)
+        c.report(&ml)
+            .await
+            .is_some_and(|r| r["summary"]["fail"] == 2)
     })
     .await;
-    assert_eq!(holder(&api), first);
-    let b_did: Vec<RequestRecord> = by(&api, "server-b");
-    assert!(
-        b_did
-            .iter()
-            .all(|r| r.resource.as_deref() != Some("policyreports")),
-        "{b_did:#?}"
-    );
-    assert!(
-        b_did
-            .iter()
-            .all(|r| !(r.resource.as_deref() == Some("pods") && r.verb == Verb::List)),
+    assert_eq!(c.holder().await, first);
+    assert_eq!(writes(&b).await, 0.0, "b writes no report");
+    assert_eq!(
+        metric(&b, "tollgate_audit_runs_total", &[("result", "success")]).await,
+        0.0,
         "b does not audit while a holds the lease"
     );
-    assert!(b_did
-        .iter()
-        .filter(|r| r.resource.as_deref() == Some("leases"))
-        .all(|r| r.verb == Verb::Get));
-    let b_metrics = metrics(&b).await;
-    assert_eq!(
-        common::scrape::value(&b_metrics, "tollgate_audit_leader", &[]),
-        Some(0.0)
-    );
+    assert_eq!(metric(&b, "tollgate_audit_objects_total", &[]).await, 0.0);
+    assert_eq!(metric(&b, "tollgate_audit_leader", &[]).await, 0.0);
+    let a_writes = writes(&a).await;
+    assert!(a_writes >= 2.0, "{a_writes}");
 
     // A goes: it releases the Lease, and B takes over well before the lease would expire.
     let handover = Instant::now();
     a.running.shutdown().await;
-    let a_requests = by(&api, "server-a").len();
     until("b holding the lease", limit, async || {
-        let h = holder(&api);
+        let h = c.holder().await;
         !h.is_empty() && h != first
     })
     .await;
@@ -365,71 +522,49 @@ async fn two_servers_share_one_lease_and_only_the_holder_writes() {
         "{:?}",
         handover.elapsed()
     );
-    api.insert("pods", notebook("ml", "nb-3"));
+    c.create(vec![notebook(&ml, "nb-3")]).await;
     until("b's update of the report", limit, async || {
-        report(&api, "ml").is_some_and(|r| r["summary"]["fail"] == 3)
+        c.report(&ml)
+            .await
+            .is_some_and(|r| r["summary"]["fail"] == 3)
     })
     .await;
-    let report_writers: Vec<(Option<String>, Verb)> = writes(&api)
-        .into_iter()
-        .map(|r| (r.token, r.verb))
-        .collect();
-    let last = report_writers.last().unwrap();
-    assert_eq!(last.0.as_deref(), Some("server-b"), "{report_writers:?}");
-    // One writer at a time: A's writes, then B's, never interleaved.
-    let switch = report_writers
-        .iter()
-        .position(|w| w.0.as_deref() == Some("server-b"))
-        .unwrap();
-    assert!(report_writers[..switch]
-        .iter()
-        .all(|w| w.0.as_deref() == Some("server-a")));
-    assert!(report_writers[switch..]
-        .iter()
-        .all(|w| w.0.as_deref() == Some("server-b")));
-    assert_eq!(
-        by(&api, "server-a").len(),
-        a_requests,
-        "a is silent once stopped"
-    );
-    assert_eq!(
-        common::scrape::value(&metrics(&b).await, "tollgate_audit_leader", &[]),
-        Some(1.0)
-    );
+    assert!(metric(&b, "tollgate_audit_reports_total", &[("action", "updated")]).await >= 1.0);
+    assert_eq!(metric(&b, "tollgate_audit_leader", &[]).await, 1.0);
     b.running.shutdown().await;
-    assert!(holder(&api).is_empty(), "released on shutdown");
+    assert!(c.holder().await.is_empty(), "released on shutdown");
 }
 
 /// A holder that stops renewing without releasing (a replica killed) is replaced once its
 /// lease has not changed for its duration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_not_renewed_is_taken_over_after_its_duration() {
-    let api = ApiServer::start().await;
-    namespace(&api, "ml");
-    api.insert("pods", notebook("ml", "nb"));
-    api.insert(
-        "leases",
+    let Some(c) = Cluster::new("audit-lease", &["ml"]).await else {
+        return;
+    };
+    let ml = c.ns("ml").to_owned();
+    c.create(vec![
+        notebook(&ml, "nb"),
         json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": "tollgate-audit", "namespace": "default"},
+            "metadata": {"name": "tollgate-audit", "namespace": c.home},
             "spec": {"holderIdentity": "killed_0000", "leaseDurationSeconds": 1,
                      "renewTime": "2026-01-01T00:00:00.000000Z", "leaseTransitions": 4}}),
-    );
+    ])
+    .await;
     let started = Instant::now();
-    let s = server(&api, None, |_| {}).await;
+    let s = c.server(|_| {}).await;
     until("the takeover", Duration::from_secs(20), async || {
-        holder(&api) != "killed_0000"
+        c.holder().await != "killed_0000"
     })
     .await;
     assert!(
         started.elapsed() >= Duration::from_millis(900),
         "not before the lease ran out"
     );
-    let lease = api
-        .get("leases", Some("default"), "tollgate-audit")
-        .unwrap();
-    assert_eq!(lease["spec"]["leaseTransitions"], 5);
+    let lease = c.leases().get("tollgate-audit").await.unwrap();
+    assert_eq!(lease.spec.unwrap().lease_transitions, Some(5));
     until("the report", Duration::from_secs(20), async || {
-        report(&api, "ml").is_some()
+        c.report(&ml).await.is_some()
     })
     .await;
     s.running.shutdown().await;
@@ -438,28 +573,26 @@ async fn a_lease_not_renewed_is_taken_over_after_its_duration() {
 /// `--audit-rate`: 40 pods at 20 a second take two seconds, whatever the machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_audit_keeps_to_its_rate() {
-    let api = ApiServer::start().await;
-    namespace(&api, "ml");
-    api.insert_many("pods", (0..40).map(|i| sized("ml", &format!("p-{i:02}"))));
-    api.insert("pods", notebook("ml", "nb"));
-    let s = server(&api, None, |o| {
-        o.rate = 20;
-        o.interval = Duration::from_secs(3600);
-    })
-    .await;
+    let Some(c) = Cluster::new("audit-rate", &["ml"]).await else {
+        return;
+    };
+    let ml = c.ns("ml").to_owned();
+    let mut pods: Vec<Value> = (0..40).map(|i| sized(&ml, &format!("p-{i:02}"))).collect();
+    pods.push(notebook(&ml, "nb"));
+    c.create(pods).await;
+    let s = c
+        .server(|o| {
+            o.rate = 20;
+            o.interval = Duration::from_secs(3600);
+        })
+        .await;
     let limit = Duration::from_secs(30);
     // The run's end, not its report: the report is written before the run's metrics are.
     until("the first run", limit, async || {
-        common::scrape::value(
-            &metrics(&s).await,
-            "tollgate_audit_runs_total",
-            &[("result", "success")],
-        )
-        .unwrap_or(0.0)
-            >= 1.0
+        metric(&s, "tollgate_audit_runs_total", &[("result", "success")]).await >= 1.0
     })
     .await;
-    assert!(report(&api, "ml").is_some());
+    assert!(c.report(&ml).await.is_some());
     let samples = metrics(&s).await;
     let took =
         common::scrape::value(&samples, "tollgate_audit_last_run_duration_seconds", &[]).unwrap();
@@ -474,6 +607,20 @@ async fn the_audit_keeps_to_its_rate() {
         Some(41.0)
     );
     s.running.shutdown().await;
+}
+
+fn namespace(api: &ApiServer, name: &str) {
+    api.insert(
+        "namespaces",
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+    );
+}
+
+fn stand_in_pod(ns: &str, name: &str, containers: Value) -> Value {
+    let mut p = pod(ns, name, containers);
+    p["spec"]["nodeName"] = json!("node-1");
+    p["status"] = json!({"phase": "Running"});
+    p
 }
 
 /// CPU time (user + system) of a process so far, from /proc/PID/stat, in seconds.
@@ -503,9 +650,25 @@ async fn review_latency_with_and_without_a_background_audit() {
         (0..20_000).map(|i| {
             let ns = format!("ns-{}", i % 10);
             match i % 10 {
-                0 => notebook(&ns, &format!("p-{i:05}")),
-                1 => trainer(&ns, &format!("p-{i:05}")),
-                _ => sized(&ns, &format!("p-{i:05}")),
+                0 => stand_in_pod(
+                    &ns,
+                    &format!("p-{i:05}"),
+                    notebook(&ns, "")["spec"]["containers"].clone(),
+                ),
+                1 => {
+                    let mut p = stand_in_pod(
+                        &ns,
+                        &format!("p-{i:05}"),
+                        trainer(&ns, "")["spec"]["containers"].clone(),
+                    );
+                    p["metadata"]["labels"] = json!({"training.kubeflow.org/job-name": "r"});
+                    p
+                }
+                _ => stand_in_pod(
+                    &ns,
+                    &format!("p-{i:05}"),
+                    sized(&ns, "")["spec"]["containers"].clone(),
+                ),
             }
         }),
     );

@@ -1,6 +1,10 @@
 //! The deployment manifests (deploy/) rendered with `kubectl kustomize`, checked against what
 //! the server actually serves, against the Dockerfile, and against `tollgate register`.
 //!
+//! The RBAC of deploy/overlays/audit is held to the real kube-apiserver
+//! (tests/common/envtest.rs): tollgate run as its ServiceAccount, and what the apiserver
+//! says that account may do.
+//!
 //! Every test that renders needs `kubectl` on PATH; without it they print why and pass.
 
 use crate::common;
@@ -10,7 +14,6 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use serde_json::Value;
-use tollgate_apiserver_standin as apiserver;
 
 const NAMESPACE: &str = "tollgate-system";
 
@@ -1026,119 +1029,219 @@ fn the_audit_component_adds_its_flag_rbac_and_crd_and_nothing_else() {
         .all(|d| d["kind"] != "CustomResourceDefinition"));
 }
 
-/// Every request the background audit and the cluster context make (taken from the
-/// stand-in's request log after a real server audited a cluster) is one the RBAC of the
-/// base and the audit component grants.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_request_of_the_audit_is_granted_by_the_rbac() {
-    if !kubectl_available() {
-        return;
-    }
-    use serde_json::json;
-    let api = apiserver::ApiServer::start().await;
-    for ns in ["ml", "clean"] {
-        api.insert("namespaces", json!({"metadata": {"name": ns}}));
-    }
-    api.insert(
-        "pods",
-        json!({"metadata": {"name": "nb", "namespace": "ml"},
-        "spec": {"containers": [{"name": "j", "image": "j"}]}}),
-    );
-    api.insert(
-        "pods",
-        json!({"metadata": {"name": "ok", "namespace": "clean"},
-        "spec": {"containers": [{"name": "j", "image": "j",
-            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}),
-    );
-    // A stale report, for the delete.
-    api.insert(
-        "policyreports",
-        json!({"metadata": {"name": "tollgate", "namespace": "clean",
-        "labels": {"app.kubernetes.io/managed-by": "tollgate"}}}),
-    );
-    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
-    api.write_kubeconfig(kubeconfig.path()).unwrap();
-    let path = kubeconfig.path().to_owned();
-    let server = common::net::start(|o| {
-        o.cluster = Some(tollgate::server::ClusterOptions {
-            kubeconfig: Some(path.clone()),
-            context: None,
-            fetch_timeout: std::time::Duration::from_millis(500),
-        });
-        let mut a = tollgate::server::AuditOptions::new(std::time::Duration::from_millis(100));
-        a.rate = 0;
-        a.kubeconfig = Some(path.clone());
-        // As in a pod: the Lease in the server's own namespace.
-        a.lease_namespace = Some(NAMESPACE.into());
-        o.audit = Some(a);
-    })
-    .await;
-    let started = std::time::Instant::now();
-    while api.get("policyreports", Some("ml"), "tollgate").is_none()
-        || api
-            .get("policyreports", Some("clean"), "tollgate")
-            .is_some()
-    {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(20),
-            "no audit run"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    server.running.shutdown().await;
-
-    let docs = render(&root().join("deploy/overlays/audit"));
-    let granted = grants(&docs);
-    let mut checked = std::collections::BTreeSet::new();
-    for r in api.requests() {
-        if r.verb == apiserver::Verb::Other {
-            continue; // discovery and /version: non-resource URLs every account may read
+/// What the background audit and the cluster context may do, as the shipped RBAC of the
+/// base and the audit component grants it (`verb group/resource[/name]`): the reads of the
+/// cluster context and the audit's lists, cluster-wide, and in the server's own namespace
+/// its Lease, `create` unnamed (the object does not exist yet).
+pub(crate) fn audit_needs(home: bool) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut add = |verbs: &[&str], group: &str, resources: &[&str]| {
+        for v in verbs {
+            for r in resources {
+                out.insert(format!("{v} {group}/{r}"));
+            }
         }
-        let Some(resource) = r.resource.clone() else {
-            continue;
-        };
-        let group = match resource.as_str() {
-            "pods" | "namespaces" | "nodes" | "resourcequotas" => "",
-            "leases" => "coordination.k8s.io",
-            "resourceclaims" | "resourceclaimtemplates" | "deviceclasses" => "resource.k8s.io",
-            "trainingruntimes" | "clustertrainingruntimes" => "trainer.kubeflow.org",
-            "policyreports" => "wgpolicyk8s.io",
-            other => panic!("the audit touched {other}"),
-        };
-        let key = format!("{group}/{resource}");
-        let verb = r.verb.as_str();
-        let ok = common::rbac::allows(
-            &granted,
-            &key,
-            verb,
-            r.namespace.as_deref(),
-            r.name.as_deref(),
+    };
+    let read = ["get", "list", "watch"];
+    // The cluster context: what a review needs of other objects, and feasibility's view.
+    add(
+        &read,
+        "resource.k8s.io",
+        &["resourceclaims", "resourceclaimtemplates", "deviceclasses"],
+    );
+    add(&read, "", &["namespaces", "nodes", "resourcequotas"]);
+    add(
+        &read,
+        "trainer.kubeflow.org",
+        &["trainingruntimes", "clustertrainingruntimes"],
+    );
+    add(&read, "kueue.x-k8s.io", &["localqueues", "clusterqueues"]);
+    // The audit: pods and the workloads of the shipped policy's kinds, listed.
+    add(&["list"], "", &["pods"]);
+    add(&["list"], "batch", &["jobs", "cronjobs"]);
+    add(
+        &["list"],
+        "apps",
+        &["deployments", "statefulsets", "replicasets", "daemonsets"],
+    );
+    add(
+        &["list"],
+        "kubeflow.org",
+        &[
+            "pytorchjobs",
+            "tfjobs",
+            "mpijobs",
+            "xgboostjobs",
+            "jaxjobs",
+            "paddlejobs",
+        ],
+    );
+    add(&["list"], "jobset.x-k8s.io", &["jobsets"]);
+    add(&["list"], "trainer.kubeflow.org", &["trainjobs"]);
+    add(
+        &["list"],
+        "ray.io",
+        &["rayjobs", "rayclusters", "rayservices"],
+    );
+    add(&["list"], "batch.volcano.sh", &["jobs"]);
+    add(&["list"], "leaderworkerset.x-k8s.io", &["leaderworkersets"]);
+    // Its reports: written, replaced, removed when stale, listed to find the stale.
+    add(
+        &["get", "list", "create", "update", "delete"],
+        "wgpolicyk8s.io",
+        &["policyreports"],
+    );
+    if home {
+        add(&["create"], "coordination.k8s.io", &["leases"]);
+        add(
+            &["get", "update"],
+            "coordination.k8s.io",
+            &["leases/tollgate-audit"],
         );
-        assert!(
-            ok,
-            "{verb} {key} in {:?} ({:?}) is not granted",
-            r.namespace, r.name
-        );
-        checked.insert(format!("{verb} {key}"));
     }
-    for wanted in [
-        "list /pods",
-        "create wgpolicyk8s.io/policyreports",
-        "delete wgpolicyk8s.io/policyreports",
-        "list wgpolicyk8s.io/policyreports",
-        "get coordination.k8s.io/leases",
-        "create coordination.k8s.io/leases",
-        "update coordination.k8s.io/leases",
-        "watch resource.k8s.io/resourceclaimtemplates",
-        "watch resource.k8s.io/deviceclasses",
-        "watch /nodes",
-        "watch /resourcequotas",
+    out
+}
+
+/// deploy/overlays/audit's ServiceAccount, bound by its RBAC as shipped (moved into a
+/// namespace of the test's own), runs `tollgate serve` with the cluster context and the
+/// background audit, and `tollgate audit`, against the real apiserver with a token of its
+/// own (TokenRequest): the RBAC is sufficient (the background audit writes a report and
+/// removes a stale one, and nothing in either's output is forbidden) and no wider than the
+/// code needs (what the apiserver says the account may do, beyond what every account may,
+/// is exactly [`audit_needs`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_runs_as_the_shipped_service_account_which_may_do_no_more() {
+    use common::identity;
+    use serde_json::json;
+    let Some(cp) = common::envtest::plane() else {
+        return;
+    };
+    let Some(docs) = common::rbac::render_if_kubectl("deploy/overlays/audit") else {
+        return;
+    };
+    let _audit = identity::background_audit().await;
+    identity::crds(
+        cp,
+        "deploy/components/policy-reports/crd/wgpolicyk8s.io_policyreports.yaml",
+    )
+    .await
+    .unwrap();
+    let home = cp.namespace("deploy-audit-home", &[]).await;
+    let ml = cp.namespace("deploy-audit-ml", &[]).await;
+    let clean = cp.namespace("deploy-audit-clean", &[]).await;
+    // As shipped, moved into the test's namespace, its cluster-wide objects under names of
+    // the test's own.
+    let rbac = identity::own_names(&identity::moved(&identity::rbac_of(&docs), &home), &home);
+    identity::apply(cp, &rbac).unwrap();
+    let kubeconfig = identity::service_account(cp, &home, "tollgate").await;
+    let nobody = identity::service_account(cp, &home, "bound-to-nothing").await;
+
+    let admin = cp.client("admin").await;
+    for o in [
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nb", "namespace": ml},
+            "spec": {"containers": [{"name": "j", "image": "j"}]}}),
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ok", "namespace": clean},
+            "spec": {"containers": [{"name": "j", "image": "j",
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}}),
+        // A stale report, for the delete.
+        json!({"apiVersion": "wgpolicyk8s.io/v1alpha2", "kind": "PolicyReport",
+            "metadata": {"name": "tollgate", "namespace": clean,
+                "labels": {"app.kubernetes.io/managed-by": "tollgate"}}}),
     ] {
-        assert!(
-            checked.contains(wanted),
-            "{wanted} was not exercised: {checked:?}"
-        );
+        identity::create(&admin, o).await;
     }
+    // The shared apiserver's other namespaces (other tests'), as they are now, are left
+    // out: the account may read and write all of them.
+    let others: Vec<String> =
+        kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|n| n.metadata.name)
+            .filter(|n| ![&home, &ml, &clean].contains(&n))
+            .collect();
+    let kc = kubeconfig.display().to_string();
+    let mut args: Vec<String> = [
+        "--cluster-context",
+        "on",
+        "--kubeconfig",
+        &kc,
+        "--audit-interval",
+        "1s",
+        "--audit-rate",
+        "1000000",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    for ns in &others {
+        args.extend(["--audit-exclude-namespace".to_owned(), ns.clone()]);
+    }
+    let (dir, ca) = common::process::workdir();
+    let served = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        common::process::serve(dir, ca, None, "json", &args)
+    })
+    .await
+    .unwrap();
+    let reports = |ns: &str| {
+        let ar = kube::api::ApiResource {
+            group: "wgpolicyk8s.io".into(),
+            version: "v1alpha2".into(),
+            api_version: "wgpolicyk8s.io/v1alpha2".into(),
+            kind: "PolicyReport".into(),
+            plural: "policyreports".into(),
+        };
+        kube::Api::<kube::api::DynamicObject>::namespaced_with(admin.clone(), ns, &ar)
+    };
+    let started = std::time::Instant::now();
+    loop {
+        let written = reports(&ml).get_opt("tollgate").await.unwrap().is_some();
+        let stale = reports(&clean).get_opt("tollgate").await.unwrap().is_some();
+        if written && !stale {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "no audit run: {:#?}",
+            served.lines()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let lines = served.lines();
+    drop(served);
+    let forbidden: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("forbidden") || l.contains("403"))
+        .collect();
+    assert!(forbidden.is_empty(), "{forbidden:#?}");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["audit", "--kubeconfig", &kc, "-n", &ml, "--output", "json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        !err.contains("forbidden") && !err.contains("not audited"),
+        "{err}"
+    );
+
+    assert_eq!(
+        identity::granted(cp, &kubeconfig, &nobody, &home).await,
+        audit_needs(true)
+    );
+    assert_eq!(
+        identity::granted(cp, &kubeconfig, &nobody, &ml).await,
+        audit_needs(false)
+    );
+    let cluster_scoped: Vec<Value> = rbac
+        .into_iter()
+        .filter(|d| d["metadata"]["namespace"].is_null())
+        .collect();
+    identity::delete(cp, &cluster_scoped).unwrap();
 }
 
 const NATIVE_VALIDATION: &str = "deploy/overlays/native-validation";

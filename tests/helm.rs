@@ -15,6 +15,9 @@
 //! - Every object rendered, by the chart and by the overlays, holds to the Kubernetes API's
 //!   schemas (tests/support/k8s_schema.rs).
 //! - values.schema.json refuses a wrong value at install, naming it.
+//! - Installed into the real kube-apiserver (tests/common/envtest.rs) by the SDK's
+//!   `install` (tests/helm/install.py), its objects are stored, and tollgate run with its
+//!   ServiceAccount's token finds its RBAC sufficient and no wider than the code needs.
 
 use crate::common;
 use crate::k8s_schema;
@@ -458,4 +461,357 @@ fn the_charts_copies_are_the_originals() {
             "{CHART}/{copy} differs from {original}; run\n  cp {original} {CHART}/{copy}"
         );
     }
+}
+
+/// Runs tests/helm/install.py with `request`: its answer.
+fn install_py(request: Value) -> Option<Value> {
+    let mut python = common::tools::python_with_helm()?;
+    let mut child = python
+        .arg(common::root().join("tests/helm/install.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running python3");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(request.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "tests/helm/install.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(answer.get("missing").is_none(), "{}", answer["missing"]);
+    Some(answer)
+}
+
+/// What the chart's ServiceAccount may do with the audit on and self-managed
+/// certificates: the audit's and the cluster context's (deploy.rs's list), and the
+/// certificates' Secret and Lease by name in its own namespace (`create` unnamed: the
+/// object does not exist yet), the two webhook configurations by name.
+fn chart_needs(home: bool) -> std::collections::BTreeSet<String> {
+    let mut out = crate::deploy::audit_needs(home);
+    for v in ["get", "list", "watch", "update"] {
+        for kind in [
+            "mutatingwebhookconfigurations",
+            "validatingwebhookconfigurations",
+        ] {
+            out.insert(format!("{v} admissionregistration.k8s.io/{kind}/tollgate"));
+        }
+        if home {
+            out.insert(format!("{v} /secrets/tollgate-tls"));
+        }
+    }
+    if home {
+        out.extend(
+            [
+                "create /secrets",
+                "get coordination.k8s.io/leases/tollgate-certs",
+                "update coordination.k8s.io/leases/tollgate-certs",
+            ]
+            .map(str::to_owned),
+        );
+    }
+    out
+}
+
+/// Waits (up to a minute) until no object has a cluster-wide name the chart gives its own.
+async fn taken_names_gone(admin: &kube::Client) {
+    use k8s_openapi::api::admissionregistration::v1 as adm;
+    use k8s_openapi::api::rbac::v1 as rbac;
+    let started = std::time::Instant::now();
+    loop {
+        let mut taken = vec![];
+        let c = admin.clone();
+        if kube::Api::<adm::MutatingWebhookConfiguration>::all(c.clone())
+            .get_opt("tollgate")
+            .await
+            .unwrap()
+            .is_some()
+        {
+            taken.push("MutatingWebhookConfiguration tollgate".to_owned());
+        }
+        if kube::Api::<adm::ValidatingWebhookConfiguration>::all(c.clone())
+            .get_opt("tollgate")
+            .await
+            .unwrap()
+            .is_some()
+        {
+            taken.push("ValidatingWebhookConfiguration tollgate".to_owned());
+        }
+        for name in [
+            "tollgate-cluster-context",
+            "tollgate-certs",
+            "tollgate-audit",
+        ] {
+            if kube::Api::<rbac::ClusterRole>::all(c.clone())
+                .get_opt(name)
+                .await
+                .unwrap()
+                .is_some()
+            {
+                taken.push(format!("ClusterRole {name}"));
+            }
+            if kube::Api::<rbac::ClusterRoleBinding>::all(c.clone())
+                .get_opt(name)
+                .await
+                .unwrap()
+                .is_some()
+            {
+                taken.push(format!("ClusterRoleBinding {name}"));
+            }
+        }
+        if taken.is_empty() {
+            return;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "another test keeps the chart's cluster-wide names: {taken:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// The chart installed into the real apiserver by helm-python-sdk's `install`
+/// (`Config.install`, Helm v4), its webhooks scoped to a namespace label no namespace has
+/// and failing open (the apiserver is shared with every other test, and nothing serves
+/// the chart's Service here), the background audit on and self-managed certificates (the
+/// defaults). Helm stores every object it rendered; `tollgate serve`, run with the
+/// installed Deployment's own arguments and policy and a token of the installed
+/// ServiceAccount (TokenRequest), makes its certificate Secret, sets both webhook
+/// configurations' caBundle and writes a PolicyReport with no request forbidden; and the
+/// apiserver grants that account exactly [`chart_needs`], no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_installed_runs_tollgate_with_its_rbac_sufficient_and_no_wider() {
+    use common::identity;
+    let Some(cp) = common::envtest::plane() else {
+        return;
+    };
+    if common::tools::python_with_helm().is_none() {
+        return;
+    }
+    let _names = identity::shipped_names().await;
+    let _audit = identity::background_audit().await;
+    if identity::crds(
+        cp,
+        "deploy/components/policy-reports/crd/wgpolicyk8s.io_policyreports.yaml",
+    )
+    .await
+    .is_none()
+    {
+        return;
+    }
+    let admin = cp.client("admin").await;
+    // The chart's cluster-wide objects have fixed names, one each per apiserver: another
+    // test's objects of those names (a registration of deploy/base's webhook
+    // configurations, say) are waited out, not taken over.
+    taken_names_gone(&admin).await;
+    let ns = cp.namespace("helm-install", &[]).await;
+    let ml = cp.namespace("helm-install-ml", &[]).await;
+    identity::create(
+        &admin,
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nb", "namespace": ml},
+            "spec": {"containers": [{"name": "j", "image": "j"}]}}),
+    )
+    .await;
+    // The other tests' namespaces, as they are now: the audit's account may read and
+    // write them all, so the chart's own value leaves them out.
+    let others: Vec<String> =
+        kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|n| n.metadata.name)
+            .filter(|n| n != &ns && n != &ml)
+            .collect();
+    let enforce = format!("chart-test.tollgate.dev/enforce-{}", std::process::id());
+    let values = json!({
+        "replicas": 1,
+        "audit": {"enabled": true, "interval": "1s", "excludeNamespaces": others},
+        "webhooks": {"enforceLabel": {"key": enforce, "value": "only-in-this-test"},
+                     "failurePolicy": {"mutate": "Ignore", "validate": "Ignore"}},
+    });
+    let release = "tollgate";
+    let request = |action: &str| {
+        json!({"action": action, "chart": common::root().join(CHART),
+            "kubeconfig": cp.kubeconfig("admin"), "release": release,
+            "namespace": ns, "values": values})
+    };
+    let answer = {
+        let r = request("install");
+        tokio::task::spawn_blocking(move || install_py(r))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    assert!(
+        answer.get("error").is_none(),
+        "helm install: {}",
+        answer["error"]
+    );
+    let manifest: Vec<Value> =
+        serde_saphyr::from_multiple(answer["manifest"].as_str().unwrap()).unwrap();
+    let manifest: Vec<Value> = manifest.into_iter().filter(|d| !d.is_null()).collect();
+    assert!(manifest.len() >= 10, "{manifest:#?}");
+
+    // Stored, every object; the webhooks as scoped.
+    let mut stored = BTreeMap::new();
+    for d in &manifest {
+        let (group, version) = match d["apiVersion"].as_str().unwrap().split_once('/') {
+            Some((g, v)) => (g, v),
+            None => ("", d["apiVersion"].as_str().unwrap()),
+        };
+        let gvk = kube::api::GroupVersionKind::gvk(group, version, d["kind"].as_str().unwrap());
+        let (ar, caps) = kube::discovery::pinned_kind(&admin, &gvk).await.unwrap();
+        let api: kube::Api<kube::api::DynamicObject> = match caps.scope {
+            kube::discovery::Scope::Namespaced => {
+                kube::Api::namespaced_with(admin.clone(), &ns, &ar)
+            }
+            kube::discovery::Scope::Cluster => kube::Api::all_with(admin.clone(), &ar),
+        };
+        let name = d["metadata"]["name"].as_str().unwrap();
+        let got = api
+            .get_opt(name)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{} {name} was not stored", d["kind"]));
+        stored.insert(
+            format!("{}/{name}", d["kind"].as_str().unwrap()),
+            serde_json::to_value(got).unwrap(),
+        );
+    }
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        let w = &stored[&format!("{kind}/tollgate")]["webhooks"][0];
+        assert_eq!(
+            w["namespaceSelector"]["matchLabels"],
+            json!({enforce.clone(): "only-in-this-test"}),
+            "{kind}"
+        );
+        assert_eq!(w["failurePolicy"], "Ignore", "{kind}");
+    }
+
+    // tollgate serve as the Deployment runs it, with the account's token.
+    let kubeconfig = identity::service_account(cp, &ns, "tollgate").await;
+    let nobody = identity::service_account(cp, &ns, "bound-to-nothing").await;
+    let deployment = &stored["Deployment/tollgate"]["spec"]["template"]["spec"];
+    let container = &deployment["containers"][0];
+    let dir = tempfile::tempdir().unwrap();
+    let policy_map = deployment["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|v| v["configMap"]["name"].as_str())
+        .expect("the policy's ConfigMap");
+    let policy = &stored[&format!("ConfigMap/{policy_map}")]["data"];
+    let policy_file = dir.path().join("default.yaml");
+    std::fs::write(&policy_file, policy["default.yaml"].as_str().unwrap()).unwrap();
+    let mut args: Vec<String> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    for (flag, value) in [
+        ("--policy", policy_file.display().to_string()),
+        ("--listen", "127.0.0.1:0".to_owned()),
+        ("--metrics-listen", "127.0.0.1:0".to_owned()),
+    ] {
+        let i = args
+            .iter()
+            .position(|a| a == flag)
+            .unwrap_or_else(|| panic!("{flag} in {args:?}"));
+        args[i + 1] = value;
+    }
+    args.extend(["--kubeconfig".to_owned(), kubeconfig.display().to_string()]);
+    let log = dir.path().join("serve.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let ar = |group: &str, version: &str, kind: &str, plural: &str| kube::api::ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: if group.is_empty() {
+            version.into()
+        } else {
+            format!("{group}/{version}")
+        },
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    let reports = kube::Api::<kube::api::DynamicObject>::namespaced_with(
+        admin.clone(),
+        &ml,
+        &ar(
+            "wgpolicyk8s.io",
+            "v1alpha2",
+            "PolicyReport",
+            "policyreports",
+        ),
+    );
+    let secrets = kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(admin.clone(), &ns);
+    let webhooks = kube::Api::<
+        k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
+    >::all(admin.clone());
+    let started = std::time::Instant::now();
+    loop {
+        let report = reports.get_opt("tollgate").await.unwrap().is_some();
+        let secret = secrets.get_opt("tollgate-tls").await.unwrap().is_some();
+        let bundle = webhooks.get("tollgate").await.unwrap().webhooks.unwrap()[0]
+            .client_config
+            .ca_bundle
+            .is_some();
+        if report && secret && bundle {
+            break;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!(
+                "report {report}, Secret {secret}, caBundle {bundle}:\n{}",
+                std::fs::read_to_string(&log).unwrap()
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let forbidden: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("forbidden") || l.contains("403"))
+        .collect();
+    assert!(forbidden.is_empty(), "{forbidden:#?}");
+
+    assert_eq!(
+        identity::granted(cp, &kubeconfig, &nobody, &ns).await,
+        chart_needs(true)
+    );
+    assert_eq!(
+        identity::granted(cp, &kubeconfig, &nobody, &ml).await,
+        chart_needs(false)
+    );
+
+    let r = request("uninstall");
+    let answer = tokio::task::spawn_blocking(move || install_py(r))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        answer.get("error").is_none(),
+        "helm uninstall: {}",
+        answer["error"]
+    );
 }

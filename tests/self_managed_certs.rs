@@ -1,10 +1,17 @@
-//! `serve --certs self-managed` against the apiserver stand-in, over real TLS: ready from
-//! an empty namespace with nothing else done, the Secret created and both webhook
-//! configurations' caBundle set and repaired, a second replica that only reads, a CA
-//! rotation with both CAs trusted during the overlap, and a rotation under load in which
-//! no review fails, the reviews sent as the apiserver sends them (trusting exactly the
-//! caBundle the webhook configuration holds at that moment). Every request the servers
-//! made is held to the RBAC that deploy/overlays/self-managed renders.
+//! `serve --certs self-managed` against the real kube-apiserver (tests/common/envtest.rs),
+//! over real TLS, each server running as a ServiceAccount bound by the RBAC that
+//! deploy/overlays/self-managed renders (moved into a namespace of the test's own, the
+//! webhook configurations' name one of its own in the rules that name them: the
+//! apiserver is shared by every test): ready from an empty namespace with nothing else
+//! done, the Secret created and both webhook configurations' caBundle set and repaired, a
+//! second replica that only reads, a CA rotation with both CAs trusted during the overlap,
+//! and a rotation under load in which no review fails, the reviews sent as the apiserver
+//! sends them (trusting exactly the caBundle the webhook configuration holds at that
+//! moment). The account may do exactly what the code needs, no more
+//! (SelfSubjectRulesReview).
+//!
+//! On the stand-in still: Secret creates that fail and one that is slow, on cue (the
+//! replica seen waiting, the CA kept across the retries).
 
 use crate::common;
 
@@ -12,55 +19,174 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use apiserver::{ApiServer, Fault, RequestRecord, Verb};
+use apiserver::{ApiServer, Fault, Verb};
+use common::envtest::ControlPlane;
+use common::identity;
 use common::net::{self, TestServer};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::Secret;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{json, Value};
 use tollgate::selfmanaged::{Options, Timing};
 use tollgate_apiserver_standin as apiserver;
 
-const NAMESPACE: &str = "tollgate-system";
-const SERVICE_NAME: &str = "tollgate.tollgate-system.svc";
 const KINDS: [&str; 2] = [
     "mutatingwebhookconfigurations",
     "validatingwebhookconfigurations",
 ];
 
-/// The stand-in with the webhook configurations of deploy/base (no caBundle), as `kubectl
-/// apply -k` or `helm install` leaves them.
-async fn cluster() -> ApiServer {
-    let api = ApiServer::builder()
-        .resources(apiserver::ResourceType::defaults())
-        .no_auth()
-        .start()
-        .await;
-    let base = tollgate::register::base_configurations().unwrap();
-    api.insert(KINDS[0], serde_json::to_value(&base.mutating).unwrap());
-    api.insert(KINDS[1], serde_json::to_value(&base.validating).unwrap());
-    api
+/// One test's part of the real apiserver: a namespace (the Secret's, the Lease's and the
+/// ServiceAccount's), the webhook configurations of deploy/base under a name of the test's
+/// own (no caBundle, as `kubectl apply -k` leaves them; their webhooks never called: they
+/// select only namespaces with a label none has, and fail open), and the account's
+/// kubeconfig.
+struct Cluster {
+    cp: &'static ControlPlane,
+    admin: kube::Client,
+    ns: String,
+    /// Both webhook configurations' name.
+    name: String,
+    /// The Service's DNS name, as the apiserver calls it.
+    service: String,
+    kubeconfig: std::path::PathBuf,
 }
 
-/// A replica: its own bearer token (told apart in the request log), the Secret and Lease in
-/// tollgate-system, the timing given.
-async fn replica(api: &ApiServer, token: &str, timing: Option<Timing>) -> TestServer {
-    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
-    api.write_kubeconfig_for(kubeconfig.path(), token).unwrap();
-    let path = kubeconfig.into_temp_path().keep().unwrap();
-    net::start(|o| {
-        let mut m = Options {
-            namespace: Some(NAMESPACE.into()),
-            kubeconfig: Some(path),
-            lease_duration: Duration::from_secs(2),
-            renew_every: Duration::from_millis(200),
-            ..Options::default()
-        };
-        if let Some(t) = timing {
-            m.timing = t;
+impl Cluster {
+    async fn new() -> Option<Cluster> {
+        let cp = common::envtest::plane()?;
+        let docs = common::rbac::render_if_kubectl("deploy/overlays/self-managed")?;
+        let admin = cp.client("admin").await;
+        let ns = cp.namespace("selfcerts", &[]).await;
+        let name = format!("tollgate-{ns}");
+        // The shipped RBAC in this namespace; its cluster-wide objects named for it, and
+        // the webhook configurations it names named as here.
+        let mut rbac = identity::own_names(&identity::moved(&identity::rbac_of(&docs), &ns), &ns);
+        for d in &mut rbac {
+            for rule in d
+                .get_mut("rules")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                let webhooks = rule["resources"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|x| KINDS.contains(&x.as_str().unwrap_or(""))));
+                if webhooks {
+                    assert_eq!(rule["resourceNames"], json!(["tollgate"]), "{rule}");
+                    rule["resourceNames"] = json!([name]);
+                }
+            }
         }
-        o.self_managed = Some(m);
-    })
-    .await
+        identity::apply(cp, &rbac)?;
+        let base = tollgate::register::base_configurations().unwrap();
+        for mut config in [
+            serde_json::to_value(&base.mutating).unwrap(),
+            serde_json::to_value(&base.validating).unwrap(),
+        ] {
+            config["metadata"] = json!({"name": name});
+            for w in config["webhooks"].as_array_mut().unwrap() {
+                w["namespaceSelector"] =
+                    json!({"matchLabels": {"selfcerts.tollgate.test/never": ns}});
+                w["failurePolicy"] = json!("Ignore");
+                w["clientConfig"]["service"]["namespace"] = json!(ns);
+            }
+            identity::create(&admin, config).await;
+        }
+        let kubeconfig = identity::service_account(cp, &ns, "tollgate").await;
+        Some(Cluster {
+            cp,
+            service: format!("tollgate.{ns}.svc"),
+            admin,
+            ns,
+            name,
+            kubeconfig,
+        })
+    }
+
+    /// A replica: the account's kubeconfig, the Secret and Lease in the test's namespace,
+    /// the timing given.
+    async fn replica(&self, timing: Option<Timing>) -> TestServer {
+        let (ns, name, path) = (self.ns.clone(), self.name.clone(), self.kubeconfig.clone());
+        net::start(|o| {
+            let mut m = Options {
+                namespace: Some(ns),
+                kubeconfig: Some(path),
+                webhook_configuration: name,
+                lease_duration: Duration::from_secs(2),
+                renew_every: Duration::from_millis(200),
+                ..Options::default()
+            };
+            if let Some(t) = timing {
+                m.timing = t;
+            }
+            o.self_managed = Some(m);
+        })
+        .await
+    }
+
+    fn secrets(&self) -> kube::Api<Secret> {
+        kube::Api::namespaced(self.admin.clone(), &self.ns)
+    }
+
+    async fn secret(&self) -> Option<Secret> {
+        self.secrets().get_opt("tollgate-tls").await.unwrap()
+    }
+
+    fn mutating(&self) -> kube::Api<MutatingWebhookConfiguration> {
+        kube::Api::all(self.admin.clone())
+    }
+
+    fn validating(&self) -> kube::Api<ValidatingWebhookConfiguration> {
+        kube::Api::all(self.admin.clone())
+    }
+
+    /// Both configurations as JSON (None: absent).
+    async fn configs(&self) -> [Option<Value>; 2] {
+        let m = self.mutating().get_opt(&self.name).await.unwrap();
+        let v = self.validating().get_opt(&self.name).await.unwrap();
+        [
+            m.map(|c| serde_json::to_value(c).unwrap()),
+            v.map(|c| serde_json::to_value(c).unwrap()),
+        ]
+    }
+
+    /// The caBundle of each webhook configuration (None: unset or absent).
+    async fn bundles(&self) -> Vec<Option<Vec<u8>>> {
+        self.configs()
+            .await
+            .iter()
+            .map(|c| {
+                c.as_ref().and_then(|c| {
+                    let b = &c["webhooks"][0]["clientConfig"]["caBundle"];
+                    (!b.is_null()).then(|| b64(b))
+                })
+            })
+            .collect()
+    }
+
+    /// Replaces configuration `i` (0: mutating) with what `f` makes of it.
+    async fn modify(&self, i: usize, f: impl FnOnce(&mut Value)) {
+        let mut c = self.configs().await[i].clone().unwrap();
+        f(&mut c);
+        let pp = Default::default();
+        if i == 0 {
+            let c: MutatingWebhookConfiguration = serde_json::from_value(c).unwrap();
+            self.mutating().replace(&self.name, &pp, &c).await.unwrap();
+        } else {
+            let c: ValidatingWebhookConfiguration = serde_json::from_value(c).unwrap();
+            self.validating()
+                .replace(&self.name, &pp, &c)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+fn data(s: &Secret, key: &str) -> Vec<u8> {
+    s.data.as_ref().unwrap()[key].0.clone()
 }
 
 async fn until(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> bool) {
@@ -75,23 +201,6 @@ fn b64(v: &Value) -> Vec<u8> {
     serde_json::from_value::<k8s_openapi::ByteString>(v.clone())
         .unwrap()
         .0
-}
-
-fn secret(api: &ApiServer) -> Option<Value> {
-    api.get("secrets", Some(NAMESPACE), "tollgate-tls")
-}
-
-/// The caBundle of each webhook configuration (None: unset or absent).
-fn bundles(api: &ApiServer) -> Vec<Option<Vec<u8>>> {
-    KINDS
-        .iter()
-        .map(|k| {
-            api.get(k, None, "tollgate").and_then(|c| {
-                let b = &c["webhooks"][0]["clientConfig"]["caBundle"];
-                (!b.is_null()).then(|| b64(b))
-            })
-        })
-        .collect()
 }
 
 fn pem_certs(pem: &[u8]) -> Vec<Vec<u8>> {
@@ -118,13 +227,13 @@ fn apiserver_tls(bundle: &[u8]) -> rustls::ClientConfig {
 
 /// One review sent as the apiserver sends it: a new connection to `addr`, trusting the
 /// mutating configuration's caBundle as it is now. The certificate served, or why not.
-async fn review(api: &ApiServer, addr: std::net::SocketAddr) -> Result<Vec<u8>, String> {
-    let bundle = bundles(api)[0].clone().ok_or("no caBundle")?;
+async fn review(c: &Cluster, addr: std::net::SocketAddr) -> Result<Vec<u8>, String> {
+    let bundle = c.bundles().await[0].clone().ok_or("no caBundle")?;
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
     let tls = tokio_rustls::TlsConnector::from(Arc::new(apiserver_tls(&bundle)))
-        .connect(ServerName::try_from(SERVICE_NAME).unwrap(), tcp)
+        .connect(ServerName::try_from(c.service.clone()).unwrap(), tcp)
         .await
         .map_err(|e| format!("TLS: {e}"))?;
     let served = tls.get_ref().1.peer_certificates().unwrap()[0]
@@ -136,7 +245,7 @@ async fn review(api: &ApiServer, addr: std::net::SocketAddr) -> Result<Vec<u8>, 
             .await
             .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    let req = hyper::Request::post(format!("https://{SERVICE_NAME}/mutate"))
+    let req = hyper::Request::post(format!("https://{}/mutate", c.service))
         .header("content-type", "application/json")
         .body(http_body_util::Full::new(bytes::Bytes::from(
             common::fixture("resnet50-master-0.mutate.json"),
@@ -212,46 +321,44 @@ async fn metric(s: &TestServer, name: &str, labels: &[(&str, &str)]) -> Option<f
     common::scrape::value(&common::scrape::parse(&text), name, labels)
 }
 
-fn by(token: &str, api: &ApiServer) -> Vec<RequestRecord> {
-    api.requests()
-        .into_iter()
-        .filter(|r| r.token.as_deref() == Some(token))
-        .collect()
+/// The stand-in with the webhook configurations of deploy/base (no caBundle).
+async fn stand_in() -> ApiServer {
+    let api = ApiServer::builder()
+        .resources(apiserver::ResourceType::defaults())
+        .no_auth()
+        .start()
+        .await;
+    let base = tollgate::register::base_configurations().unwrap();
+    api.insert(KINDS[0], serde_json::to_value(&base.mutating).unwrap());
+    api.insert(KINDS[1], serde_json::to_value(&base.validating).unwrap());
+    api
 }
 
-fn writes(records: &[RequestRecord]) -> Vec<String> {
-    records
-        .iter()
-        .filter(|r| {
-            matches!(
-                r.verb,
-                Verb::Create | Verb::Update | Verb::Patch | Verb::Delete
-            )
-        })
-        .filter(|r| r.resource.as_deref() != Some("leases"))
-        .map(|r| {
-            format!(
-                "{} {}",
-                r.verb.as_str(),
-                r.resource.clone().unwrap_or_default()
-            )
-        })
-        .collect()
-}
-
+/// Secret creates that fail, on cue: the first two fail (the CA already in the caBundle
+/// stays the one retried, not one more each time), the third waits a second, so that the
+/// replica is seen waiting; then it is ready with one CA in both caBundles.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ready_from_an_empty_namespace_with_no_other_step() {
-    let api = cluster().await;
-    // The first two creates of the Secret fail (the CA already in the caBundle stays the
-    // one retried, not one more each time), the third waits a second, so that the replica
-    // is seen waiting.
+async fn failed_secret_creates_are_retried_with_the_same_ca() {
+    let api = stand_in().await;
     api.inject(Fault::status(500).on("secrets", Verb::Create).times(2));
     api.inject(
         Fault::delay(Duration::from_secs(1))
             .on("secrets", Verb::Create)
             .times(1),
     );
-    let s = replica(&api, "replica-a", None).await;
+    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+    api.write_kubeconfig(kubeconfig.path()).unwrap();
+    let path = kubeconfig.into_temp_path().keep().unwrap();
+    let s = net::start(|o| {
+        o.self_managed = Some(Options {
+            namespace: Some("tollgate-system".into()),
+            kubeconfig: Some(path),
+            lease_duration: Duration::from_secs(2),
+            renew_every: Duration::from_millis(200),
+            ..Options::default()
+        });
+    })
+    .await;
     let (status, body) = readyz(s.addr()).await;
     assert_eq!(status, 503, "{body}");
     assert!(
@@ -260,31 +367,96 @@ async fn ready_from_an_empty_namespace_with_no_other_step() {
     );
     let limit = Duration::from_secs(20);
     until("ready", limit, async || readyz(s.addr()).await.0 == 200).await;
-
-    let sec = secret(&api).expect("the Secret was created");
-    assert_eq!(sec["type"], "kubernetes.io/tls");
-    assert_eq!(
-        sec["metadata"]["labels"]["app.kubernetes.io/managed-by"],
-        "tollgate"
-    );
-    let data = &sec["data"];
-    for key in ["ca.crt", "ca.key", "tls.crt", "tls.key"] {
-        assert!(data[key].is_string(), "{key}");
-    }
-    let ca = b64(&data["ca.crt"]);
+    let sec = api
+        .get("secrets", Some("tollgate-system"), "tollgate-tls")
+        .expect("the Secret was created");
+    let ca = b64(&sec["data"]["ca.crt"]);
     assert_eq!(
         pem_certs(&ca).len(),
         1,
         "one CA, whatever the failed creates"
     );
+    let bundle = |api: &ApiServer, kind: &str| {
+        api.get(kind, None, "tollgate")
+            .map(|c| c["webhooks"][0]["clientConfig"]["caBundle"].clone())
+            .filter(|b| !b.is_null())
+            .map(|b| b64(&b))
+    };
     until("both caBundles set", limit, async || {
-        bundles(&api) == vec![Some(ca.clone()), Some(ca.clone())]
+        KINDS.iter().all(|k| bundle(&api, k).as_ref() == Some(&ca))
+    })
+    .await;
+    assert!(api.count(Verb::Create, "secrets") >= 3);
+    s.running.shutdown().await;
+}
+
+/// What the account may do, beyond what every account may: the base's cluster context
+/// reads, cluster-wide; the component's Secret and Lease by name in its namespace
+/// (`create` unnamed: the object does not exist yet) and the two webhook configurations
+/// by name.
+fn certs_needs(c: &Cluster) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for v in ["get", "list", "watch"] {
+        for r in [
+            "resource.k8s.io/resourceclaims",
+            "resource.k8s.io/resourceclaimtemplates",
+            "resource.k8s.io/deviceclasses",
+            "/namespaces",
+            "/nodes",
+            "/resourcequotas",
+            "trainer.kubeflow.org/trainingruntimes",
+            "trainer.kubeflow.org/clustertrainingruntimes",
+            "kueue.x-k8s.io/localqueues",
+            "kueue.x-k8s.io/clusterqueues",
+        ] {
+            out.insert(format!("{v} {r}"));
+        }
+    }
+    for v in ["get", "list", "watch", "update"] {
+        out.insert(format!("{v} /secrets/tollgate-tls"));
+        for k in KINDS {
+            out.insert(format!("{v} admissionregistration.k8s.io/{k}/{}", c.name));
+        }
+    }
+    for r in [
+        "create /secrets",
+        "create coordination.k8s.io/leases",
+        "get coordination.k8s.io/leases/tollgate-certs",
+        "update coordination.k8s.io/leases/tollgate-certs",
+    ] {
+        out.insert(r.to_owned());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_from_an_empty_namespace_with_no_other_step() {
+    let Some(c) = Cluster::new().await else {
+        return;
+    };
+    let s = c.replica(None).await;
+    let limit = Duration::from_secs(20);
+    until("ready", limit, async || readyz(s.addr()).await.0 == 200).await;
+
+    let sec = c.secret().await.expect("the Secret was created");
+    assert_eq!(sec.type_.as_deref(), Some("kubernetes.io/tls"));
+    assert_eq!(
+        sec.metadata.labels.as_ref().unwrap()["app.kubernetes.io/managed-by"],
+        "tollgate"
+    );
+    for key in ["ca.crt", "ca.key", "tls.crt", "tls.key"] {
+        assert!(!data(&sec, key).is_empty(), "{key}");
+    }
+    let ca = data(&sec, "ca.crt");
+    assert_eq!(pem_certs(&ca).len(), 1, "one CA");
+    until("both caBundles set", limit, async || {
+        c.bundles().await == vec![Some(ca.clone()), Some(ca.clone())]
     })
     .await;
     // The certificate served is the Secret's, for the Service's name, trusted through the
     // caBundle.
-    let served = review(&api, s.addr()).await.unwrap();
-    assert_eq!(served, pem_certs(&b64(&data["tls.crt"]))[0]);
+    let served = review(&c, s.addr()).await.unwrap();
+    assert_eq!(served, pem_certs(&data(&sec, "tls.crt"))[0]);
     assert_eq!(
         metric(&s, "tollgate_certificate_leader", &[]).await,
         Some(1.0)
@@ -313,29 +485,35 @@ async fn ready_from_an_empty_namespace_with_no_other_step() {
     assert!((expiry - renewal - year / 3.0).abs() < 120.0, "{renewal}");
 
     // Repaired: a caBundle changed by hand, one removed, a configuration recreated.
-    api.modify(KINDS[0], None, "tollgate", |c| {
-        c["webhooks"][0]["clientConfig"]["caBundle"] = json!("Z2FyYmFnZQ==");
-    });
-    api.modify(KINDS[1], None, "tollgate", |c| {
-        c["webhooks"][0]["clientConfig"]
+    c.modify(0, |w| {
+        w["webhooks"][0]["clientConfig"]["caBundle"] = json!("Z2FyYmFnZQ==");
+    })
+    .await;
+    c.modify(1, |w| {
+        w["webhooks"][0]["clientConfig"]
             .as_object_mut()
             .unwrap()
             .remove("caBundle");
-    });
-    until("both repaired", limit, async || {
-        bundles(&api) == vec![Some(ca.clone()), Some(ca.clone())]
     })
     .await;
-    let recreated = api.remove(KINDS[0], None, "tollgate").unwrap();
-    let mut fresh = recreated.clone();
+    until("both repaired", limit, async || {
+        c.bundles().await == vec![Some(ca.clone()), Some(ca.clone())]
+    })
+    .await;
+    let recreated = c.configs().await[0].clone().unwrap();
+    c.mutating()
+        .delete(&c.name, &Default::default())
+        .await
+        .unwrap();
+    let mut fresh = recreated;
     fresh["webhooks"][0]["clientConfig"]
         .as_object_mut()
         .unwrap()
         .remove("caBundle");
-    fresh["metadata"] = json!({"name": "tollgate"});
-    api.insert(KINDS[0], fresh);
+    fresh["metadata"] = json!({"name": c.name});
+    identity::create(&c.admin, fresh).await;
     until("the recreated one set", limit, async || {
-        bundles(&api)[0].as_ref() == Some(&ca)
+        c.bundles().await[0].as_ref() == Some(&ca)
     })
     .await;
     assert!(
@@ -349,49 +527,88 @@ async fn ready_from_an_empty_namespace_with_no_other_step() {
             >= 3.0
     );
     // A Secret deleted is made again; the old CA stays trusted for the overlap.
-    api.remove("secrets", Some(NAMESPACE), "tollgate-tls");
+    c.secrets()
+        .delete("tollgate-tls", &Default::default())
+        .await
+        .unwrap();
     until("the Secret made again", limit, async || {
-        secret(&api).is_some()
+        c.secret().await.is_some()
     })
     .await;
-    let again = b64(&secret(&api).unwrap()["data"]["ca.crt"]);
+    let again = data(&c.secret().await.unwrap(), "ca.crt");
     let cas = pem_certs(&again);
     assert_eq!(cas.len(), 2, "the old CA and the new one");
     assert_eq!(cas[0], pem_certs(&ca)[0]);
     s.running.shutdown().await;
-    assert_rbac(&api.requests());
+
+    // Sufficient, all of the above; and no wider.
+    let nobody = identity::service_account(c.cp, &c.ns, "bound-to-nothing").await;
+    assert_eq!(
+        identity::granted(c.cp, &c.kubeconfig, &nobody, &c.ns).await,
+        certs_needs(&c)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_replica_only_reads_and_serves_the_same_certificate() {
-    let api = cluster().await;
-    let a = replica(&api, "replica-a", None).await;
+    let Some(c) = Cluster::new().await else {
+        return;
+    };
+    let a = c.replica(None).await;
     let limit = Duration::from_secs(20);
     until("a ready", limit, async || readyz(a.addr()).await.0 == 200).await;
-    let b = replica(&api, "replica-b", None).await;
+    let b = c.replica(None).await;
     until("b ready", limit, async || readyz(b.addr()).await.0 == 200).await;
     until("both caBundles", limit, async || {
-        bundles(&api).iter().all(Option::is_some)
+        c.bundles().await.iter().all(Option::is_some)
     })
     .await;
-    let from_a = review(&api, a.addr()).await.unwrap();
-    let from_b = review(&api, b.addr()).await.unwrap();
+    let from_a = review(&c, a.addr()).await.unwrap();
+    let from_b = review(&c, b.addr()).await.unwrap();
     assert_eq!(from_a, from_b);
     assert_eq!(
         metric(&b, "tollgate_certificate_leader", &[]).await,
         Some(0.0)
     );
-    // Let b run a while as a follower: it reads the Secret and tries the Lease, no more.
+    // Let b run a while as a follower: it reads the Secret and tries the Lease, no more
+    // (nothing it could write changes: the Secret and both configurations keep their
+    // resourceVersions, and its counters of writes stay at nothing).
+    let versions = async || {
+        let s = c.secret().await.unwrap().metadata.resource_version;
+        let [m, v] = c.configs().await;
+        (
+            s,
+            m.unwrap()["metadata"]["resourceVersion"].clone(),
+            v.unwrap()["metadata"]["resourceVersion"].clone(),
+        )
+    };
+    let before = versions().await;
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let b_requests = by("replica-b", &api);
-    assert_eq!(writes(&b_requests), Vec::<String>::new());
-    assert!(b_requests
-        .iter()
-        .any(|r| r.verb == Verb::Watch && r.resource.as_deref() == Some("secrets")));
-    assert!(b_requests
-        .iter()
-        .all(|r| !KINDS.contains(&r.resource.as_deref().unwrap_or(""))));
-    assert!(!writes(&by("replica-a", &api)).is_empty());
+    assert_eq!(versions().await, before);
+    for (name, labels) in [
+        (
+            "tollgate_certificate_ca_bundle_writes_total",
+            &[("configuration", "mutating")][..],
+        ),
+        (
+            "tollgate_certificate_ca_bundle_writes_total",
+            &[("configuration", "validating")][..],
+        ),
+        (
+            "tollgate_certificate_rotations_total",
+            &[("kind", "ca")][..],
+        ),
+        (
+            "tollgate_certificate_rotations_total",
+            &[("kind", "serving")][..],
+        ),
+    ] {
+        assert_eq!(
+            metric(&b, name, labels).await.unwrap_or(0.0),
+            0.0,
+            "{name} {labels:?}"
+        );
+    }
 
     // a stops (and releases the Lease): b takes over and keeps the bundle repaired.
     a.running.shutdown().await;
@@ -399,16 +616,16 @@ async fn a_second_replica_only_reads_and_serves_the_same_certificate() {
         metric(&b, "tollgate_certificate_leader", &[]).await == Some(1.0)
     })
     .await;
-    api.modify(KINDS[1], None, "tollgate", |c| {
-        c["webhooks"][0]["clientConfig"]["caBundle"] = json!("Z2FyYmFnZQ==");
-    });
+    c.modify(1, |w| {
+        w["webhooks"][0]["clientConfig"]["caBundle"] = json!("Z2FyYmFnZQ==");
+    })
+    .await;
     until("repaired by b", limit, async || {
-        let b = bundles(&api);
+        let b = c.bundles().await;
         b[0] == b[1]
     })
     .await;
     b.running.shutdown().await;
-    assert_rbac(&api.requests());
 }
 
 /// Seconds-long certificates: a serving certificate of 9 s (renewed 3 s before its end), a
@@ -423,23 +640,25 @@ fn fast() -> Timing {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rotation_under_load_fails_no_review_and_trusts_both_cas_during_the_overlap() {
-    let api = cluster().await;
-    let a = replica(&api, "replica-a", Some(fast())).await;
+    let Some(c) = Cluster::new().await else {
+        return;
+    };
+    let a = c.replica(Some(fast())).await;
     let limit = Duration::from_secs(20);
     until("a ready", limit, async || readyz(a.addr()).await.0 == 200).await;
-    let b = replica(&api, "replica-b", Some(fast())).await;
+    let b = c.replica(Some(fast())).await;
     until("b ready", limit, async || readyz(b.addr()).await.0 == 200).await;
     until("caBundles", limit, async || {
-        bundles(&api).iter().all(Option::is_some)
+        c.bundles().await.iter().all(Option::is_some)
     })
     .await;
-    let first_ca = pem_certs(&bundles(&api)[0].clone().unwrap());
+    let first_ca = pem_certs(&c.bundles().await[0].clone().unwrap());
     assert_eq!(first_ca.len(), 1);
 
     // Reviews to both replicas, four at a time, each over a new connection trusting the
     // caBundle as it is at that moment, until the CA has been replaced and the old one
     // dropped.
-    let api = Arc::new(api);
+    let c = Arc::new(c);
     let addrs = [a.addr(), b.addr()];
     let sent = Arc::new(AtomicUsize::new(0));
     let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
@@ -447,8 +666,8 @@ async fn a_rotation_under_load_fails_no_review_and_trusts_both_cas_during_the_ov
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut load = vec![];
     for i in 0..4 {
-        let (api, sent, failures, served, done) = (
-            api.clone(),
+        let (c, sent, failures, served, done) = (
+            c.clone(),
             sent.clone(),
             failures.clone(),
             served.clone(),
@@ -459,7 +678,7 @@ async fn a_rotation_under_load_fails_no_review_and_trusts_both_cas_during_the_ov
             while !done.load(Ordering::Relaxed) {
                 let addr = addrs[n % 2];
                 n += 1;
-                match review(&api, addr).await {
+                match review(&c, addr).await {
                     Ok(cert) => {
                         served.lock().unwrap().insert(cert);
                     }
@@ -473,7 +692,7 @@ async fn a_rotation_under_load_fails_no_review_and_trusts_both_cas_during_the_ov
     let mut seen_both = false;
     let started = Instant::now();
     loop {
-        let b = bundles(&api)[0].clone().unwrap();
+        let b = c.bundles().await[0].clone().unwrap();
         let cas = pem_certs(&b);
         if cas.len() == 2 {
             assert_eq!(cas[0], first_ca[0], "the old CA first, the new one after");
@@ -521,74 +740,4 @@ async fn a_rotation_under_load_fails_no_review_and_trusts_both_cas_during_the_ov
     );
     a.running.shutdown().await;
     b.running.shutdown().await;
-    assert_rbac(&api.requests());
-}
-
-/// Every request the servers made (but discovery) is granted by the RBAC of
-/// deploy/overlays/self-managed (the base's cluster context and the component's rules),
-/// with the name a rule names where the verb allows it: a get, update or delete names its
-/// object; a list or watch names it through a `metadata.name` field selector.
-fn assert_rbac(requests: &[RequestRecord]) {
-    let Some(docs) = common::rbac::render_if_kubectl("deploy/overlays/self-managed") else {
-        return;
-    };
-    let granted = common::rbac::grants(&docs, "tollgate", NAMESPACE);
-    let mut exercised = std::collections::BTreeSet::new();
-    for r in requests {
-        if r.verb == Verb::Other {
-            continue;
-        }
-        let Some(resource) = r.resource.clone() else {
-            continue;
-        };
-        let group = match resource.as_str() {
-            "secrets" | "namespaces" => "",
-            "leases" => "coordination.k8s.io",
-            "resourceclaims" | "resourceclaimtemplates" => "resource.k8s.io",
-            "mutatingwebhookconfigurations" | "validatingwebhookconfigurations" => {
-                "admissionregistration.k8s.io"
-            }
-            other => panic!("the server touched {other}"),
-        };
-        let name = r.name.clone().or_else(|| {
-            r.param("fieldSelector")
-                .and_then(|f| f.strip_prefix("metadata.name=").map(str::to_owned))
-        });
-        let key = format!("{group}/{resource}");
-        let verb = r.verb.as_str();
-        assert!(
-            common::rbac::allows(
-                &granted,
-                &key,
-                verb,
-                r.namespace.as_deref(),
-                name.as_deref()
-            ),
-            "{verb} {key} in {:?} named {name:?} is not granted by deploy/overlays/self-managed",
-            r.namespace
-        );
-        exercised.insert(format!("{verb} {key}"));
-    }
-    for wanted in ["watch /secrets", "get /secrets", "create /secrets"] {
-        assert!(exercised.contains(wanted), "{wanted}: {exercised:?}");
-    }
-    // The rules name their objects wherever the verb allows it.
-    for (ns, res, verb, name) in &granted {
-        let mine = res.ends_with("/secrets")
-            || res.ends_with("/leases")
-            || res.contains("webhookconfigurations");
-        if mine && verb != "create" {
-            assert!(
-                name.is_some(),
-                "{verb} {res} in {ns:?} is granted for every name"
-            );
-        }
-        if mine && verb == "create" {
-            assert_eq!(
-                ns.as_deref(),
-                Some(NAMESPACE),
-                "create {res} only in tollgate's namespace"
-            );
-        }
-    }
 }

@@ -11,6 +11,7 @@ pub mod admission;
 pub mod apiserver;
 pub mod context;
 pub mod envtest;
+pub mod identity;
 pub mod tools;
 
 /// A pod with no resources at all, which validation refuses.
