@@ -1077,7 +1077,11 @@ pub(crate) fn audit_needs(home: bool) -> std::collections::BTreeSet<String> {
         ],
     );
     add(&["list"], "jobset.x-k8s.io", &["jobsets"]);
-    add(&["list"], "trainer.kubeflow.org", &["trainjobs"]);
+    add(
+        &["list"],
+        "trainer.kubeflow.org",
+        &["trainjobs", "optimizationjobs"],
+    );
     add(
         &["list"],
         "ray.io",

@@ -684,7 +684,8 @@ pub mod slow {
 }
 
 /// RBAC as rendered: the grants of the Roles and ClusterRoles bound to a service account,
-/// to hold a real run's requests (the apiserver stand-in's log) to them.
+/// to compare with what the real apiserver grants (SelfSubjectRulesReview) and what the
+/// code needs.
 pub mod rbac {
 
     use std::process::Command;
@@ -767,22 +768,5 @@ pub mod rbac {
             }
         }
         out
-    }
-
-    /// Whether a request (verb on group/resource, in a namespace, naming an object) is
-    /// granted.
-    pub fn allows(
-        granted: &[Grant],
-        key: &str,
-        verb: &str,
-        namespace: Option<&str>,
-        name: Option<&str>,
-    ) -> bool {
-        granted.iter().any(|(ns, res, v, n)| {
-            res == key
-                && v == verb
-                && ns.as_deref().is_none_or(|g| namespace == Some(g))
-                && n.as_deref().is_none_or(|g| name == Some(g))
-        })
     }
 }

@@ -112,7 +112,7 @@ pub struct RequestRecord {
     /// The HTTP status of the answer (200 for a watch that started streaming).
     pub status: u16,
     /// The bearer token the request carried: which client it was, where several share a
-    /// stand-in (see `Builder::no_auth` and `write_kubeconfig_for`).
+    /// stand-in (see `Builder::no_auth`).
     pub token: Option<String>,
 }
 

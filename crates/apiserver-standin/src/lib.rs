@@ -242,12 +242,7 @@ impl ApiServer {
 
     /// A kubeconfig file's text: cluster, user and context all named `standin`.
     pub fn kubeconfig_yaml(&self) -> String {
-        self.kubeconfig_yaml_with(self.token.as_deref())
-    }
-
-    /// `kubeconfig_yaml` with this bearer token (or none): a stand-in started with
-    /// `no_auth` accepts any, and the request log tells the clients apart by it.
-    pub fn kubeconfig_yaml_with(&self, token: Option<&str>) -> String {
+        let token = self.token.as_deref();
         let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
         let user = match token {
             Some(t) => format!("    token: {t}\n"),
@@ -262,11 +257,6 @@ impl ApiServer {
     /// Writes `kubeconfig_yaml()` to `path`, for a command run with `--kubeconfig FILE`.
     pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
         std::fs::write(path, self.kubeconfig_yaml())
-    }
-
-    /// `write_kubeconfig` with a token of the test's choosing (see `kubeconfig_yaml_with`).
-    pub fn write_kubeconfig_for(&self, path: &Path, token: &str) -> std::io::Result<()> {
-        std::fs::write(path, self.kubeconfig_yaml_with(Some(token)))
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -388,15 +378,6 @@ impl ApiServer {
 
     pub fn clear_faults(&self) {
         self.state().faults.clear();
-    }
-
-    /// Every request answered so far, in the order the answers were given.
-    pub fn requests(&self) -> Vec<RequestRecord> {
-        self.state().log.clone()
-    }
-
-    pub fn clear_requests(&self) {
-        self.state().log.clear();
     }
 
     /// How many requests of this verb on this resource (`pods` or `leases.coordination.k8s.io`).
