@@ -896,3 +896,52 @@ fn a_file_of_runtimes_alone_judges_each() {
         "{text}"
     );
 }
+
+#[test]
+fn a_document_the_apiserver_could_not_decode_is_named_with_its_field() {
+    // kubectl would get the apiserver's "cannot be handled as a Pod" for it, and apply
+    // nothing of it: review says so, naming the document and the field, as unusable input.
+    for (text, needle) in [
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers: \"x\"\n",
+            "standard input: document 1: Pod \"p\" in version \"v1\" cannot be handled as a Pod: spec.containers: invalid type",
+        ),
+        (
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: ml}\n---\napiVersion: batch/v1\nkind: Job\nmetadata: {name: j}\nspec:\n  parallelism: two\n  template: {spec: {containers: [{name: a, image: b}], restartPolicy: Never}}\n",
+            "standard input: document 2: Job \"j\" in version \"v1\" cannot be handled as a Job: spec.parallelism: invalid type",
+        ),
+    ] {
+        let out = tollgate(&["review", "-"], Some(text.as_bytes()));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(needle), "{err}");
+    }
+}
+
+#[test]
+fn a_raycluster_with_yaml_1_1_octal_has_every_template_judged() {
+    let out = tollgate(
+        &[
+            "review",
+            "--output",
+            "json",
+            "tests/data/review/raycluster-autoscaler-yaml-1.1.yaml",
+        ],
+        None,
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{v:#}");
+    let decisions: Vec<&str> = v["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["decision"].as_str().unwrap())
+        .collect();
+    assert_eq!(decisions, ["allowed", "allowed"], "{v:#}");
+    assert_eq!(
+        v["mutatedObject"]["spec"]["headGroupSpec"]["template"]["spec"]["volumes"][0]["configMap"]
+            ["defaultMode"],
+        511,
+        "{v:#}"
+    );
+}

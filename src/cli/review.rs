@@ -535,7 +535,10 @@ pub fn split<'f>(
                     i + 1
                 ))
             }
-            "Pod" | "AdmissionReview" => Entry::Subject(d),
+            "Pod" | "AdmissionReview" => {
+                decodes(&d, &api, &kind).map_err(|e| format!("{file}: document {}: {e}", i + 1))?;
+                Entry::Subject(d)
+            }
             _ if add_context(&mut input.context, &d)
                 .map_err(|e| format!("{file}: document {}: a {kind} ({api}): {e}", i + 1))? =>
             {
@@ -562,7 +565,10 @@ pub fn split<'f>(
                     continue;
                 }
             }
-            k if is_workload(policy, &api, k) => Entry::Subject(d),
+            k if is_workload(policy, &api, k) => {
+                decodes(&d, &api, k).map_err(|e| format!("{file}: document {}: {e}", i + 1))?;
+                Entry::Subject(d)
+            }
             k => Entry::Skipped(Skipped {
                 reason: not_reviewed(policy, &api, k),
                 kind: kind.clone(),
@@ -607,6 +613,38 @@ fn not_reviewed(policy: &Policy, api: &str, kind: &str) -> String {
             listed.join(" and ")
         )
     }
+}
+
+/// Whether the apiserver could decode `doc` as its kind, for the kinds whose types it has
+/// built in (a Pod and the `batch` and `apps` workloads): where it could not, kubectl
+/// applies nothing of it and prints the apiserver's kind of error, naming the field; so
+/// does `review`, as unusable input, rather than judge what the apiserver would never see.
+fn decodes(doc: &Value, api: &str, kind: &str) -> Result<(), String> {
+    use k8s_openapi::api::{apps::v1 as apps, batch::v1 as batch, core::v1 as core};
+    fn typed<T: serde::de::DeserializeOwned>(doc: &Value) -> Result<(), String> {
+        serde_path_to_error::deserialize::<_, T>(doc.clone())
+            .map(drop)
+            .map_err(|e| format!("{}: {}", e.path(), e.inner()))
+    }
+    let checked = match (api, kind) {
+        ("v1", "Pod") => typed::<core::Pod>(doc),
+        ("batch/v1", "Job") => typed::<batch::Job>(doc),
+        ("batch/v1", "CronJob") => typed::<batch::CronJob>(doc),
+        ("apps/v1", "Deployment") => typed::<apps::Deployment>(doc),
+        ("apps/v1", "StatefulSet") => typed::<apps::StatefulSet>(doc),
+        ("apps/v1", "ReplicaSet") => typed::<apps::ReplicaSet>(doc),
+        ("apps/v1", "DaemonSet") => typed::<apps::DaemonSet>(doc),
+        _ => Ok(()),
+    };
+    checked.map_err(|e| {
+        let name = doc
+            .pointer("/metadata/name")
+            .or_else(|| doc.pointer("/metadata/generateName"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let (_, version) = group_version(api);
+        format!("{kind} {name:?} in version {version:?} cannot be handled as a {kind}: {e}")
+    })
 }
 
 fn is_workload(policy: &Policy, api: &str, kind: &str) -> bool {
