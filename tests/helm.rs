@@ -68,6 +68,38 @@ fn cases() -> Vec<(&'static str, Value)> {
     ]
 }
 
+/// Runs one of tests/helm/'s scripts with helm-python-sdk, `request` on its standard
+/// input: its answer (None, said on stderr, where helm-python-sdk cannot be had).
+fn run_py(script: &str, request: &Value) -> Option<Value> {
+    let mut python = common::tools::python_with_helm()?;
+    let mut child = python
+        .arg(common::root().join(script))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running python3");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(request.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        answer.get("missing").is_none(),
+        "helm_python did not import: {}",
+        answer["missing"]
+    );
+    Some(answer)
+}
+
 /// What tests/helm/chart.py answered, once per test binary; None: no helm-python-sdk to
 /// be had (said on stderr).
 fn helm() -> Option<&'static Value> {
@@ -82,33 +114,7 @@ fn helm() -> Option<&'static Value> {
                     json!({"name": name, "values": values, "namespace": NAMESPACE}))
                     .collect::<Vec<_>>(),
             });
-            let mut python = common::tools::python_with_helm()?;
-            let mut child = python
-                .arg(common::root().join("tests/helm/chart.py"))
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("running python3");
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(request.to_string().as_bytes())
-                .unwrap();
-            let out = child.wait_with_output().unwrap();
-            assert!(
-                out.status.success(),
-                "tests/helm/chart.py failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
-            assert!(
-                answer.get("missing").is_none(),
-                "helm_python did not import: {}",
-                answer["missing"]
-            );
-            Some(answer)
+            run_py("tests/helm/chart.py", &request)
         })
         .as_ref();
     if answer.is_none() {
@@ -465,29 +471,7 @@ fn the_charts_copies_are_the_originals() {
 
 /// Runs tests/helm/install.py with `request`: its answer.
 fn install_py(request: Value) -> Option<Value> {
-    let mut python = common::tools::python_with_helm()?;
-    let mut child = python
-        .arg(common::root().join("tests/helm/install.py"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("running python3");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(request.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "tests/helm/install.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(answer.get("missing").is_none(), "{}", answer["missing"]);
-    Some(answer)
+    run_py("tests/helm/install.py", &request)
 }
 
 /// What the chart's ServiceAccount may do with the audit on and self-managed

@@ -474,6 +474,20 @@ pub struct Input<'f> {
     pub context_only: Vec<Skipped>,
 }
 
+impl Skipped {
+    /// `doc`, not reviewed for `reason`; in `namespace` where it names none.
+    fn of(doc: &Value, reason: String, namespace: &str) -> Skipped {
+        let field = |p: &str| doc.pointer(p).and_then(Value::as_str);
+        Skipped {
+            reason,
+            kind: field("/kind").unwrap_or("").to_owned(),
+            api_version: field("/apiVersion").unwrap_or("").to_owned(),
+            namespace: field("/metadata/namespace").unwrap_or(namespace).to_owned(),
+            name: field("/metadata/name").unwrap_or("").to_owned(),
+        }
+    }
+}
+
 /// A Kubeflow Trainer TrainingRuntime or ClusterTrainingRuntime.
 fn is_runtime(api: &str, kind: &str) -> bool {
     api.starts_with("trainer.kubeflow.org/")
@@ -547,21 +561,11 @@ pub fn split<'f>(
                 if is_runtime(&api, &kind) {
                     Entry::Subject(d)
                 } else {
-                    input.context_only.push(Skipped {
-                        reason: "cluster context: what the objects reviewed beside it are judged against".into(),
-                        kind: kind.clone(),
-                        namespace: d
-                            .pointer("/metadata/namespace")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned(),
-                        name: d
-                            .pointer("/metadata/name")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned(),
-                        api_version: api,
-                    });
+                    input.context_only.push(Skipped::of(
+                        &d,
+                        "cluster context: what the objects reviewed beside it are judged against".into(),
+                        "",
+                    ));
                     continue;
                 }
             }
@@ -569,21 +573,7 @@ pub fn split<'f>(
                 decodes(&d, &api, k).map_err(|e| format!("{file}: document {}: {e}", i + 1))?;
                 Entry::Subject(d)
             }
-            k => Entry::Skipped(Skipped {
-                reason: not_reviewed(policy, &api, k),
-                kind: kind.clone(),
-                namespace: d
-                    .pointer("/metadata/namespace")
-                    .and_then(Value::as_str)
-                    .unwrap_or(namespace)
-                    .to_owned(),
-                name: d
-                    .pointer("/metadata/name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-                api_version: api,
-            }),
+            k => Entry::Skipped(Skipped::of(&d, not_reviewed(policy, &api, k), namespace)),
         };
         input.entries.push(Entered { file, what });
     }
