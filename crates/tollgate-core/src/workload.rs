@@ -1461,7 +1461,8 @@ fn partial_admission(w: &Workload<'_>) -> Option<i128> {
         return None;
     }
     w.object
-        .pointer("/metadata/annotations")
+        .get("metadata")
+        .and_then(|m| m.get("annotations"))
         .and_then(|a| a.get(PARTIAL_ADMISSION))
         .and_then(Value::as_str)
         .and_then(|v| v.trim().parse::<i128>().ok())
@@ -1480,11 +1481,18 @@ fn managed_elsewhere(object: &Value) -> Option<String> {
         "kubeflow.org/mpi-operator",
         "ray.io/kuberay-operator",
     ];
-    ["/spec/managedBy", "/spec/runPolicy/managedBy"]
-        .iter()
-        .find_map(|p| object.pointer(p).and_then(Value::as_str))
-        .filter(|m| !m.is_empty() && !OWN.contains(m))
-        .map(str::to_owned)
+    // `get` rather than `pointer`, which unescapes (allocates) every token: this runs on
+    // every workload's review.
+    let spec = object.get("spec")?;
+    [
+        spec.get("managedBy"),
+        spec.get("runPolicy").and_then(|r| r.get("managedBy")),
+    ]
+    .into_iter()
+    .flatten()
+    .find_map(Value::as_str)
+    .filter(|m| !m.is_empty() && !OWN.contains(m))
+    .map(str::to_owned)
 }
 
 /// An object's labels (`metadata.labels`, string values only, as the apiserver allows).
