@@ -158,15 +158,8 @@ impl Cluster {
         }
         identity::apply(cp, &objects)?;
         let kubeconfig = identity::service_account(cp, &home, "tollgate").await;
-        let others = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter_map(|n| n.metadata.name)
-            .filter(|n| !namespaces.values().any(|m| m == n))
-            .collect();
+        let mine: Vec<&str> = namespaces.values().map(String::as_str).collect();
+        let others = identity::other_namespaces(&admin, &mine).await;
         Some(Cluster {
             admin,
             home,

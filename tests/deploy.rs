@@ -1156,16 +1156,7 @@ async fn the_audit_runs_as_the_shipped_service_account_which_may_do_no_more() {
     }
     // The shared apiserver's other namespaces (other tests'), as they are now, are left
     // out: the account may read and write all of them.
-    let others: Vec<String> =
-        kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter_map(|n| n.metadata.name)
-            .filter(|n| ![&home, &ml, &clean].contains(&n))
-            .collect();
+    let others = identity::other_namespaces(&admin, &[&home, &ml, &clean]).await;
     let kc = kubeconfig.display().to_string();
     let mut args: Vec<String> = [
         "--cluster-context",

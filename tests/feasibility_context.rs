@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use apiserver::{ApiServer, Fault, ResourceType, Verb};
 use common::context::{self, Pool};
 use common::envtest::ControlPlane;
-use common::net::{self, metric, ready, until, warnings, Client, TestServer};
+use common::net::{metric, ready, until, warnings, Client, TestServer};
 use serde_json::{json, Value};
 use tollgate::server::AuditOptions;
 use tollgate_apiserver_standin as apiserver;
@@ -52,6 +52,16 @@ async fn server_against(
 }
 
 /// `server` once `policy` is in force.
+/// `tollgate_cluster_cache_synced` of one resource, as the server says it now.
+async fn synced(server: &TestServer, resource: &str) -> Option<f64> {
+    metric(
+        server,
+        "tollgate_cluster_cache_synced",
+        &[("resource", resource)],
+    )
+    .await
+}
+
 async fn in_force(server: TestServer, policy: &str) -> TestServer {
     std::fs::write(server.policy_path(), policy).unwrap();
     until("the policy in force", async || {
@@ -667,18 +677,9 @@ async fn what_the_rbac_forbids_holds_nothing_up() {
     let r = validate(&mut c, &nine).await;
     assert_eq!(r["allowed"], true, "{r}");
     assert_eq!(warnings(&r), "", "nothing said of what is not known: {r}");
-    let text = net::get_metrics(server.running.metrics_addr.unwrap()).await;
-    let samples = common::scrape::parse(&text);
-    let synced = |resource: &str| {
-        common::scrape::value(
-            &samples,
-            "tollgate_cluster_cache_synced",
-            &[("resource", resource)],
-        )
-    };
-    assert_eq!(synced("nodes"), Some(0.0));
-    assert_eq!(synced("resourcequotas"), Some(0.0));
-    assert_eq!(synced("namespaces"), Some(1.0));
+    assert_eq!(synced(&server, "nodes").await, Some(0.0));
+    assert_eq!(synced(&server, "resourcequotas").await, Some(0.0));
+    assert_eq!(synced(&server, "namespaces").await, Some(1.0));
 
     // Granted later (the shipped rules bound too): picked up without a restart.
     context::bind(t.cp, &t.ns, "tollgate", &context::shipped_rules()).await;
@@ -710,18 +711,13 @@ async fn what_the_cluster_does_not_serve_holds_nothing_up() {
     let r = validate(&mut c, &gpu_pod("nine", "9", json!({}))).await;
     assert_eq!(r["allowed"], true, "{r}");
     assert_eq!(warnings(&r), "", "nothing said of what is not served: {r}");
-    let text = net::get_metrics(server.running.metrics_addr.unwrap()).await;
-    let samples = common::scrape::parse(&text);
-    let synced = |resource: &str| {
-        common::scrape::value(
-            &samples,
-            "tollgate_cluster_cache_synced",
-            &[("resource", resource)],
-        )
-    };
-    assert_eq!(synced("nodes"), Some(1.0));
+    assert_eq!(synced(&server, "nodes").await, Some(1.0));
     for absent in ["resourceclaims", "resourceclaimtemplates", "deviceclasses"] {
-        assert_eq!(synced(absent), None, "{absent} is not served");
+        assert_eq!(
+            synced(&server, absent).await,
+            None,
+            "{absent} is not served"
+        );
     }
     server.running.shutdown().await;
 }

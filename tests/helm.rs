@@ -605,16 +605,7 @@ async fn the_chart_installed_runs_tollgate_with_its_rbac_sufficient_and_no_wider
     .await;
     // The other tests' namespaces, as they are now: the audit's account may read and
     // write them all, so the chart's own value leaves them out.
-    let others: Vec<String> =
-        kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter_map(|n| n.metadata.name)
-            .filter(|n| n != &ns && n != &ml)
-            .collect();
+    let others = identity::other_namespaces(&admin, &[&ns, &ml]).await;
     let enforce = format!("chart-test.tollgate.dev/enforce-{}", std::process::id());
     let values = json!({
         "replicas": 1,

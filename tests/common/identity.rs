@@ -325,3 +325,17 @@ pub fn rbac_of(docs: &[Value]) -> Vec<Value> {
         .cloned()
         .collect()
 }
+
+/// The shared apiserver's namespaces but `mine`, as they are now: the other tests', which a
+/// test whose account may read and write every namespace leaves out.
+pub async fn other_namespaces(admin: &kube::Client, mine: &[&str]) -> Vec<String> {
+    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .filter(|n| !mine.contains(&n.as_str()))
+        .collect()
+}
