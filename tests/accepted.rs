@@ -23,11 +23,9 @@ async fn every_mutated_golden_is_accepted_by_the_apiserver() {
         return;
     };
     let ns = cp.namespace("accepted", &[]).await;
-    let root = common::root().join("tests/golden");
     let mut cases = vec![];
     let mut not_sent = vec![];
-    for entry in std::fs::read_dir(&root).unwrap() {
-        let dir = entry.unwrap().path();
+    for dir in common::golden_dirs() {
         let Ok(text) = std::fs::read_to_string(dir.join("mutated.yaml")) else {
             continue;
         };

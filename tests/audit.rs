@@ -157,13 +157,7 @@ fn golden_pods() -> Vec<GoldenPod> {
 /// The golden pods of the cases named `feasibility-*` alone (`feasibility`), or of all the
 /// others.
 fn read_golden_pods(feasibility: bool) -> Vec<GoldenPod> {
-    let root = common::root().join("tests/golden");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
-    dirs.sort();
+    let dirs = common::golden_dirs();
     let mut out = vec![];
     for dir in dirs {
         let case_name = dir.file_name().unwrap().to_string_lossy().into_owned();

@@ -123,13 +123,7 @@ struct Case {
 /// The goldens this test can apply (see the module's docs), and the distinct policies
 /// they use (None: the shipped one).
 fn cases() -> (Vec<Case>, Vec<Option<PathBuf>>) {
-    let root = common::root().join("tests/golden");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
-    dirs.sort();
+    let dirs = common::golden_dirs();
     let mut policies: Vec<Option<PathBuf>> = vec![None];
     let mut texts: Vec<String> = vec![String::new()];
     let mut cases = vec![];

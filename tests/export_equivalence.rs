@@ -500,13 +500,7 @@ fn golden_cases() -> Vec<(String, Policy, Value, Value)> {
 
 /// [`golden_cases`], each with the path of its policy file.
 fn golden_cases_with_paths() -> Vec<(String, Policy, Value, Value, std::path::PathBuf)> {
-    let root = common::root().join("tests/golden");
-    let mut dirs: Vec<_> = std::fs::read_dir(&root)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
-    dirs.sort();
+    let dirs = common::golden_dirs();
     let mut out = vec![];
     for dir in dirs {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();

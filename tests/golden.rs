@@ -80,14 +80,7 @@ fn bless() -> bool {
 }
 
 fn cases() -> Vec<PathBuf> {
-    let root = common::root().join("tests/golden");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .expect("tests/golden exists")
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
-    dirs.sort();
-    dirs
+    common::golden_dirs()
 }
 
 fn load_case(dir: &Path) -> Result<Case, String> {

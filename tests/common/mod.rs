@@ -45,6 +45,18 @@ pub fn builtin_policy() -> Policy {
     BUILTIN.get_or_init(Policy::builtin).clone()
 }
 
+/// The golden cases' folders (`tests/golden/*/`), sorted: what every test that walks the
+/// goldens reads.
+pub fn golden_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root().join("tests/golden"))
+        .expect("tests/golden exists")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
 pub fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(root().join("tests/fixtures/apiserver-v1.36").join(name)).unwrap()
 }
