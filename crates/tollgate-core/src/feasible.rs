@@ -35,7 +35,7 @@ use crate::quantity;
 use crate::words::quote;
 
 pub use crate::pod::Amounts;
-use crate::pod::{add, amounts, pick};
+use crate::pod::{add, amounts, containers_aggregate, pick};
 
 /// What a pod counts for: its effective requests and limits.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -106,8 +106,6 @@ impl Usage {
         add(&mut self.limits, &other.limits);
     }
 }
-
-pub use crate::pod::containers_aggregate;
 
 /// One thing that stands between a pod and running.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -459,17 +457,16 @@ fn must_specify(pod: &Pod, q: &ResourceQuota, told: Told<'_>, out: &mut Feasibil
             };
             !m.is_some_and(|m| m.contains_key(resource))
         };
-        let none: Vec<&str> = crate::pod::containers(spec)
-            .map(|(_, c)| c)
-            .filter(sets_none)
-            .map(|c| c.name.as_str())
+        let none: Vec<_> = crate::pod::containers(spec)
+            .filter(|(_, c)| sets_none(c))
             .collect();
         if none.is_empty() {
             continue;
         }
-        admission.push((key, none));
-        let missing: Vec<String> = crate::pod::containers(spec)
-            .filter(|(_, c)| sets_none(c) && (limits || !told(&c.name, resource)))
+        admission.push((key, none.iter().map(|(_, c)| c.name.as_str()).collect()));
+        let missing: Vec<String> = none
+            .iter()
+            .filter(|(_, c)| limits || !told(&c.name, resource))
             .map(|(kind, c)| format!("{} {}", kind.noun(), quote(&c.name)))
             .collect();
         if missing.is_empty() {

@@ -346,14 +346,18 @@ fn build(
     )
 }
 
+/// The value at a policy's dotted path (`spec.parallelTrials`) in `object`, key by key.
+fn at<'v>(object: &'v Value, dotted: &str) -> Option<&'v Value> {
+    dotted.split('.').try_fold(object, |v, key| v.get(key))
+}
+
 /// The TrainJob a workload makes: itself, or the one it holds at `path` (its `metadata` and
 /// `spec`, as an OptimizationJob's trials are made of its `spec.trainJobTemplate`).
 fn held_trainjob<'v>(path: &str, workload: &'v Value) -> std::borrow::Cow<'v, Value> {
     if path.is_empty() {
         return std::borrow::Cow::Borrowed(workload);
     }
-    let pointer = format!("/{}", path.replace('.', "/"));
-    let held = workload.pointer(&pointer);
+    let held = at(workload, path);
     let mut metadata = held
         .and_then(|t| t.get("metadata"))
         .cloned()
@@ -1442,9 +1446,7 @@ fn copies_of(w: &Workload<'_>) -> i128 {
     if w.kind.copies.is_empty() {
         return 1;
     }
-    let pointer = format!("/{}", w.kind.copies.replace('.', "/"));
-    w.object
-        .pointer(&pointer)
+    at(w.object, &w.kind.copies)
         .and_then(Value::as_i64)
         .filter(|n| *n >= 1)
         .map_or(1, i128::from)

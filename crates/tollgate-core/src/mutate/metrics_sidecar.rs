@@ -142,7 +142,7 @@ fn fit_pod_level(spec: &PodSpec, c: &mut Container, mode: SidecarMode) -> Option
     let aggregate = trial
         .spec
         .as_ref()
-        .map(|s| crate::feasible::containers_aggregate(s, false))
+        .map(|s| crate::pod::containers_aggregate(s, false))
         .unwrap_or_default();
     let read = |q: Option<&Quantity>| q.and_then(|q| quantity::parse(&q.0).ok());
     let mut over = vec![];
