@@ -366,16 +366,7 @@ fn place_namespace(doc: &mut Value, namespace: &str) {
     if kind == "AdmissionReview" || CLUSTER_SCOPED.contains(&kind) {
         return;
     }
-    let Some(Value::Object(meta)) = doc.get_mut("metadata") else {
-        return;
-    };
-    if meta
-        .get("namespace")
-        .and_then(Value::as_str)
-        .is_none_or(str::is_empty)
-    {
-        meta.insert("namespace".into(), Value::from(namespace));
-    }
+    pipeline::place_in_namespace(doc, namespace);
 }
 
 /// The namespace a subject is reviewed in: `--namespace`, else its own, else `default`.

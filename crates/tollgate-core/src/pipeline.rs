@@ -153,15 +153,7 @@ pub fn synthetic_review(
     // The apiserver puts an object written without a namespace in the request's before
     // the webhooks see it.
     let mut object = object.clone();
-    if let Some(Value::Object(meta)) = object.get_mut("metadata") {
-        if meta
-            .get("namespace")
-            .and_then(Value::as_str)
-            .is_none_or(str::is_empty)
-        {
-            meta.insert("namespace".into(), Value::from(namespace));
-        }
-    }
+    place_in_namespace(&mut object, namespace);
     // And a pod's pod-level requests defaulted, as it decodes every pod it is sent.
     if kind == "Pod" {
         crate::pod::default_pod_level_requests_json(&mut object);
@@ -182,6 +174,20 @@ pub fn synthetic_review(
             "dryRun": true,
         }
     })
+}
+
+/// Puts an object whose metadata names no namespace in `namespace`, as the apiserver (and
+/// `kubectl apply -n`) does; one that names its own keeps it.
+pub fn place_in_namespace(object: &mut Value, namespace: &str) {
+    if let Some(Value::Object(meta)) = object.get_mut("metadata") {
+        if meta
+            .get("namespace")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            meta.insert("namespace".into(), Value::from(namespace));
+        }
+    }
 }
 
 /// The group and version of an `apiVersion` (`batch/v1`; `v1` is the core group).
