@@ -32,10 +32,106 @@ pub struct Policy {
     pub feasibility: Feasibility,
     /// The workloads whose pod templates are judged before their pods exist.
     pub workloads: Workloads,
+    /// What a namespace's TollgateProfile may change beyond making the policy stricter.
+    pub namespace_profiles: NamespaceProfiles,
     /// Named profiles, in order: the first whose `match` fits a pod is applied over the
     /// rest of the policy for that pod (see [`Profile`]). None when left out.
     #[serde(default)]
     pub profiles: Vec<Profile>,
+    /// What this policy was made of, and the namespaces' TollgateProfiles resolved over it:
+    /// not written in a policy, set where the policy is composed (`objects`).
+    #[serde(skip)]
+    pub layers: Layers,
+}
+
+/// The bounds of the namespaces' TollgateProfiles.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NamespaceProfiles {
+    /// The sections in which a TollgateProfile may also loosen the policy (turn validation
+    /// off or to warn, remove a required request, widen the opt-out, turn a mutation step or
+    /// a GPU class off or change what it injects); in the others it may only make the
+    /// policy stricter or change defaults.
+    pub may_loosen: Vec<Section>,
+}
+
+/// A section of the policy, as a profile writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Section {
+    Gpu,
+    Selection,
+    OptOut,
+    Mutation,
+    Validation,
+    Workloads,
+    Feasibility,
+}
+
+impl Section {
+    pub const ALL: [Section; 7] = [
+        Section::Gpu,
+        Section::Selection,
+        Section::OptOut,
+        Section::Mutation,
+        Section::Validation,
+        Section::Workloads,
+        Section::Feasibility,
+    ];
+
+    /// The section's key, as the policy writes it.
+    pub fn key(self) -> &'static str {
+        match self {
+            Section::Gpu => "gpu",
+            Section::Selection => "selection",
+            Section::OptOut => "optOut",
+            Section::Mutation => "mutation",
+            Section::Validation => "validation",
+            Section::Workloads => "workloads",
+            Section::Feasibility => "feasibility",
+        }
+    }
+}
+
+/// Where a policy in force came from, beyond the built-in text: the layers as written
+/// (JSON), kept so that a TollgateProfile can be resolved over them and `tollgate policy`
+/// can say where each value came from; and the namespaces' TollgateProfiles, resolved.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Layers {
+    /// The policy file (`--policy`), as written; None: the built-in policy alone.
+    pub file: Option<Written>,
+    /// The cluster's TollgatePolicy `default`, its spec as written.
+    pub cluster: Option<Written>,
+    /// The TollgateProfile in force in each namespace, by namespace.
+    pub namespaces: BTreeMap<String, NamespaceProfile>,
+}
+
+/// One layer as written: what errors and `tollgate policy` call it, and its JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Written {
+    pub source: String,
+    pub value: Value,
+}
+
+/// A namespace's TollgateProfile, resolved over each policy its pods may get.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NamespaceProfile {
+    /// `NAMESPACE/NAME`, as kubectl names the object.
+    pub object: String,
+    /// Its spec as written.
+    pub spec: Value,
+    /// Over the base policy: named `NAMESPACE/NAME` in logs, metrics and annotations.
+    pub over_base: Resolved,
+    /// Over each of the cluster's profiles, by index (None: the profile cannot match a pod
+    /// of this namespace); named `PROFILE+NAMESPACE/NAME`.
+    pub over_profiles: Vec<Option<Resolved>>,
+}
+
+/// A policy with the name logs, metrics and the applied annotation give it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    pub name: String,
+    pub policy: Box<Policy>,
 }
 
 /// A part of the policy that applies "here, differently": for the pods its `match` fits,
