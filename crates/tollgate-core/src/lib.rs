@@ -32,6 +32,7 @@ pub mod gpu;
 pub mod judge;
 pub mod mutate;
 pub mod names;
+pub mod objects;
 pub mod optout;
 pub mod parse;
 pub mod pipeline;

@@ -166,7 +166,7 @@ pub fn select<'p>(
     // Each read at most once, and only if a profile needs it.
     let mut pod_labels: Option<Readable<'_>> = None;
     let mut namespace_labels: Option<Lookup<Arc<Namespace>>> = None;
-    for p in &policy.profiles {
+    for (i, p) in policy.profiles.iter().enumerate() {
         let Some(resolved) = p.policy() else { continue };
         let found = Found {
             pod: &mut pod_labels,
@@ -176,6 +176,7 @@ pub fn select<'p>(
             Fit::Yes => {
                 out.policy = resolved;
                 out.profile = Some(&p.name);
+                in_namespace(policy, namespace, Some(i), &mut out);
                 return out;
             }
             Fit::No => {}
@@ -196,7 +197,34 @@ pub fn select<'p>(
             }
         }
     }
+    in_namespace(policy, namespace, None, &mut out);
     out
+}
+
+/// The namespace's TollgateProfile over what the cluster gives the pod (`profile`: the
+/// index of the cluster profile chosen, None for the base), where the namespace has one.
+fn in_namespace<'p>(
+    policy: &'p Policy,
+    namespace: &str,
+    profile: Option<usize>,
+    out: &mut Selected<'p>,
+) {
+    // Most clusters have no TollgateProfile: one look at an empty map.
+    let namespaces = &policy.layers.namespaces;
+    if namespaces.is_empty() {
+        return;
+    }
+    let Some(n) = namespaces.get(namespace) else {
+        return;
+    };
+    let resolved = match profile {
+        None => Some(&n.over_base),
+        Some(i) => n.over_profiles.get(i).and_then(Option::as_ref),
+    };
+    if let Some(r) = resolved {
+        out.policy = &r.policy;
+        out.profile = Some(&r.name);
+    }
 }
 
 enum Fit {

@@ -18,6 +18,7 @@ use serde_json::Value;
 use crate::cluster::{Cluster, ObjectKey, Offline};
 use crate::judge::{self, Judgement, Stages, Subject};
 use crate::mutate::Step;
+use crate::objects;
 use crate::optout::OptOut;
 use crate::parse::{self, Peeked};
 use crate::policy::{Operation, Policy};
@@ -801,6 +802,9 @@ fn review_workload(
     let Some(operation) = policy_operation(&req.operation) else {
         return same(stages, reviewed);
     };
+    if req.kind.group == objects::GROUP {
+        return review_policy_object(stages, policy, reviewed, &req.kind.kind, &object);
+    }
     let who = requester(req);
     let labels = workload::labels_of(&object);
     let selected = profile::select(
@@ -948,6 +952,36 @@ fn review_runtime(
         }
         if !warnings.is_empty() {
             out.response.warnings = Some(warnings);
+        }
+        staged.validate = Some(out);
+    }
+    staged
+}
+
+/// A TollgatePolicy or TollgateProfile: nothing to mutate; refused by the validating
+/// webhook if it would not be applied (`objects::review`), which the CRD's schema cannot
+/// see: the bounds, quantities, the merged result, a validation refusing its own mutation.
+fn review_policy_object(
+    stages: Stages,
+    policy: &Policy,
+    reviewed: Reviewed,
+    kind: &str,
+    object: &Value,
+) -> Staged {
+    let mut staged = Staged::default();
+    if stages != Stages::Validate {
+        staged.mutate = Some(reviewed.as_endpoint(Endpoint::Mutate));
+    }
+    if stages != Stages::Mutate {
+        let mut out = reviewed.as_endpoint(Endpoint::Validate);
+        let v = objects::review(policy, kind, object);
+        if let Some(why) = v.refusal {
+            out.outcome = Outcome::Denied;
+            out.response.allowed = false;
+            out.response.result = Status::failure(&why, "Invalid").with_code(422);
+        }
+        if !v.warnings.is_empty() {
+            out.response.warnings = Some(v.warnings);
         }
         staged.validate = Some(out);
     }

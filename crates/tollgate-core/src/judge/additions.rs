@@ -23,13 +23,37 @@ impl Policy {
     /// resolved, and each (base and profiles) refused if its validation would refuse what
     /// its own mutation adds. `source` names the text in errors (usually the file path).
     pub fn from_text(source: &str, text: &str) -> Result<Policy, PolicyError> {
-        let policy = Policy::parse(source, text)?;
+        Policy::from_written(source, &Policy::written(source, text)?)
+    }
+
+    /// [`Policy::from_text`] of a policy already read as JSON (as written, not merged).
+    pub fn from_written(source: &str, written: &serde_json::Value) -> Result<Policy, PolicyError> {
+        let mut policy = Policy::parse_written(source, written)?;
         check_additions(&policy, source, "")?;
+        if source != BUILTIN_SOURCE {
+            policy.layers.file = Some(crate::policy::Written {
+                source: source.to_owned(),
+                value: written.clone(),
+            });
+        }
         for p in &policy.profiles {
             if let Some(resolved) = p.policy() {
                 check_additions(resolved, source, &format!("profiles[{}].", p.name))?;
             }
         }
+        Ok(policy)
+    }
+
+    /// The policy for the pods a profile fits, `layers` merged over `base` (see
+    /// `Policy::resolve_sections`), refused if its validation would refuse what its
+    /// mutation adds.
+    pub(crate) fn resolve_checked(
+        source: &str,
+        base: &serde_json::Value,
+        layers: &[&serde_json::Value],
+    ) -> Result<Policy, PolicyError> {
+        let policy = Policy::resolve_sections(source, base, layers)?;
+        check_additions(&policy, source, "")?;
         Ok(policy)
     }
 

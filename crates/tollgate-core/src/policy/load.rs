@@ -31,11 +31,18 @@ fn written(source: &str, text: &str) -> Result<Value, PolicyError> {
 }
 
 impl Policy {
-    /// Parses a policy's text, merged over the built-in text, and checks it and its
-    /// profiles; not yet its additions against its validation (`Policy::from_text` does
-    /// that too). `source` names the text in errors (usually the file path).
-    pub(crate) fn parse(source: &str, text: &str) -> Result<Policy, PolicyError> {
-        let written = written(source, text)?;
+    /// A policy's text as written (not merged), as JSON: what a layer of a composed policy
+    /// keeps (`Layers`).
+    pub fn written(source: &str, text: &str) -> Result<Value, PolicyError> {
+        written(source, text)
+    }
+
+    /// Parses a policy as written (its text read as JSON: a file, or a TollgatePolicy's
+    /// spec over one), merged over the built-in text, and checks it and its profiles; not
+    /// yet its additions against its validation (`Policy::from_written` does that too).
+    /// `source` names it in errors (usually the file path).
+    pub(crate) fn parse_written(source: &str, written: &Value) -> Result<Policy, PolicyError> {
+        let written = written.clone();
         if !written.is_object() {
             // Not a map: serde says what it expected.
             return Policy::from_value(source, &written);
@@ -111,6 +118,48 @@ impl Policy {
         }
         Ok(())
     }
+}
+
+impl Policy {
+    /// The policy for the pods a profile fits: `base` (a written policy; its profiles are
+    /// left out) with each of `layers` (a map of a profile's sections: a cluster profile's,
+    /// then a TollgateProfile's) merged over it in order, by the rule a profile follows,
+    /// then over the built-in policy; checked, not yet its additions.
+    pub(crate) fn resolve_sections(
+        source: &str,
+        base: &Value,
+        layers: &[&Value],
+    ) -> Result<Policy, PolicyError> {
+        let mut mine = without_profiles(base);
+        for layer in layers {
+            if let Value::Object(sections) = layer {
+                for (key, overrides) in sections {
+                    if key != "name" && key != "match" {
+                        merge_field(&mut mine, key, overrides);
+                    }
+                }
+            }
+        }
+        let merged = overlay(builtin_value().clone(), &mine);
+        Policy::from_value(source, &merged)
+    }
+}
+
+/// `over` (a written policy, a TollgatePolicy's spec) merged into `base` (the file as
+/// written) by the rule a file follows over the built-in policy: a map merges key by key,
+/// anything else replaces, and `null` removes the file's value, so that the built-in one
+/// comes back.
+pub(crate) fn merge_written(base: &Value, over: &Value) -> Value {
+    let mut out = base.clone();
+    if !out.is_object() {
+        out = Value::Object(Map::new());
+    }
+    if let Value::Object(o) = over {
+        for (k, v) in o {
+            merge_field(&mut out, k, v);
+        }
+    }
+    out
 }
 
 /// A file's text without its profiles: what its profiles are merged over.
@@ -191,7 +240,7 @@ mod tests {
 
     #[test]
     fn syntax_errors_are_one_line_naming_the_place() {
-        let e = Policy::parse("p.yaml", "gpu:\n  classes: [\nvalidation:\n  mode: warn\n")
+        let e = Policy::written("p.yaml", "gpu:\n  classes: [\nvalidation:\n  mode: warn\n")
             .unwrap_err()
             .to_string();
         assert!(!e.contains('\n'), "{e}");

@@ -22,6 +22,8 @@ mod types;
 
 pub use types::*;
 
+pub(crate) use load::merge_written;
+
 /// The shipped policy, `policies/default.yaml`, compiled in: what `serve` and `review` run
 /// without `--policy`, so that the binary (and a container image) needs no file to start,
 /// and what every policy file is merged over.

@@ -96,7 +96,7 @@ impl Section {
 /// Where a policy in force came from, beyond the built-in text: the layers as written
 /// (JSON), kept so that a TollgateProfile can be resolved over them and `tollgate policy`
 /// can say where each value came from; and the namespaces' TollgateProfiles, resolved.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct Layers {
     /// The policy file (`--policy`), as written; None: the built-in policy alone.
     pub file: Option<Written>,
@@ -104,6 +104,14 @@ pub struct Layers {
     pub cluster: Option<Written>,
     /// The TollgateProfile in force in each namespace, by namespace.
     pub namespaces: BTreeMap<String, NamespaceProfile>,
+}
+
+/// Two policies are equal when they judge alike: the namespaces' profiles count, where the
+/// rest came from (which file, which TollgatePolicy wrote a value) does not.
+impl PartialEq for Layers {
+    fn eq(&self, other: &Layers) -> bool {
+        self.namespaces == other.namespaces
+    }
 }
 
 /// One layer as written: what errors and `tollgate policy` call it, and its JSON.
