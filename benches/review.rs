@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use criterion::{criterion_group, Criterion};
 use serde_json::{json, Value};
 use tollgate_core::cluster::Objects;
+use tollgate_core::objects;
 use tollgate_core::policy::Policy;
 use tollgate_core::review::{review_bytes_with, Endpoint};
 
@@ -40,7 +41,38 @@ fn policy() -> Policy {
     let file = std::env::var("TOLLGATE_BENCH_POLICY").unwrap_or("policies/default.yaml".into());
     let path = root().join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    Policy::from_text(&path.display().to_string(), &text).expect("the policy loads")
+    let file = objects::file_layer(&path.display().to_string(), &text).expect("the policy loads");
+    // `TOLLGATE_BENCH_OBJECTS=FILE`: TollgatePolicy and TollgateProfile objects composed over
+    // it, as the server composes what it watches (e.g. benches/namespace-profiles.yaml).
+    let stored: Vec<objects::Stored> = match std::env::var("TOLLGATE_BENCH_OBJECTS") {
+        Ok(objects_file) => {
+            let path = root().join(objects_file);
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let docs: Vec<serde_json::Value> =
+                serde_saphyr::from_multiple(&text).expect("the objects read as YAML");
+            docs.iter().map(objects::Stored::from_object).collect()
+        }
+        Err(_) => vec![],
+    };
+    let candidate = |s| objects::Candidate {
+        stored: s,
+        last_good: None,
+    };
+    let cluster = stored
+        .iter()
+        .find(|s| s.namespace.is_empty())
+        .map(candidate);
+    let profiles: Vec<_> = stored
+        .iter()
+        .filter(|s| !s.namespace.is_empty())
+        .map(candidate)
+        .collect();
+    let composed = objects::compose(Some(&file), cluster, &profiles).expect("the policy loads");
+    if let Some(s) = composed.statuses.iter().find(|s| !s.ready) {
+        panic!("{}", s.message);
+    }
+    composed.policy
 }
 
 /// One benchmark case: a name, the endpoint it goes to and the request body.
