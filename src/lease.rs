@@ -1,5 +1,5 @@
 //! One replica at a time does a cluster-wide duty (the background audit, the self-managed
-//! certificates): the holder of a `coordination.k8s.io/v1` Lease, taken and renewed the
+//! certificates, the status of the TollgatePolicy and TollgateProfiles): the holder of a `coordination.k8s.io/v1` Lease, taken and renewed the
 //! way client-go's leader election does it, with get and create or replace at the
 //! resourceVersion read (a 409 means another replica wrote first: this one is not the
 //! holder).
@@ -42,6 +42,8 @@ pub struct LeaseOptions {
 pub enum Purpose {
     Audit,
     Certificates,
+    /// The status of the TollgatePolicy and TollgateProfiles.
+    PolicyStatus,
 }
 
 impl Purpose {
@@ -49,6 +51,7 @@ impl Purpose {
         match self {
             Purpose::Audit => "audit lease",
             Purpose::Certificates => "certificate lease",
+            Purpose::PolicyStatus => "policy status lease",
         }
     }
 
@@ -56,6 +59,7 @@ impl Purpose {
         match self {
             Purpose::Audit => "this replica audits",
             Purpose::Certificates => "this replica manages the certificates",
+            Purpose::PolicyStatus => "this replica writes the policy objects' status",
         }
     }
 
@@ -63,6 +67,7 @@ impl Purpose {
         match self {
             Purpose::Audit => "another replica audits",
             Purpose::Certificates => "another replica manages the certificates",
+            Purpose::PolicyStatus => "another replica writes the policy objects' status",
         }
     }
 }

@@ -12,7 +12,8 @@ use prometheus_client::registry::Registry;
 use crate::cluster::ResourceStatus;
 use tollgate_core::mutate::Step;
 use tollgate_core::optout::OptOut;
-use tollgate_core::policy::BASE_PROFILE;
+use tollgate_core::objects::{POLICY_KIND, PROFILE_KIND};
+use tollgate_core::policy::{Policy, BASE_PROFILE};
 use tollgate_core::review::{Endpoint, Outcome, Reviewed};
 use tollgate_core::validate::Verdict;
 
@@ -71,8 +72,31 @@ pub struct FetchLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProfileLabels {
     pub endpoint: &'static str,
-    /// A profile of the policy file, or "base": as many values as the file has profiles.
+    /// A profile of the policy file, or "base", each with `+ns` where a namespace's
+    /// TollgateProfile applied over it ([`profile_label`]): twice as many values as the
+    /// file has profiles at most.
     pub profile: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ObjectStateLabels {
+    /// TollgatePolicy or TollgateProfile.
+    pub kind: &'static str,
+    /// in_force (this generation's spec), last_good (the spec before it, over one that does
+    /// not load) or invalid (none: it does not load and none before it did).
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectionLabels {
+    pub kind: &'static str,
+    /// Invalid, OutOfBounds or NotDefault: the `Ready` condition's reason.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
@@ -162,6 +186,14 @@ pub struct Metrics {
     pub policy_rejected: Gauge,
     pub cert_reloads: Family<ResultLabels, Counter>,
     pub policy_info: Family<HashLabels, Gauge>,
+    /// The TollgatePolicy and TollgateProfiles, by kind and which spec of each is in force.
+    pub policy_objects: Family<ObjectStateLabels, Gauge>,
+    /// Objects found not to load (each generation and reason counted once).
+    pub policy_object_rejections: Family<RejectionLabels, Counter>,
+    /// 1 while the cluster serves the kind (its CRD is installed); cluster context only.
+    pub policy_objects_served: Family<KindLabels, Gauge>,
+    /// Writes of the objects' status by the holder of the status Lease.
+    pub policy_status_writes: Family<ResultLabels, Counter>,
     pub cert_expiry: Gauge<i64, AtomicI64>,
     pub in_flight: Gauge,
     /// Log lines dropped because stderr could not keep up (kept by the log writer, brought
@@ -205,6 +237,10 @@ impl Metrics {
         let policy_rejected = Gauge::default();
         let cert_reloads = Family::<ResultLabels, Counter>::default();
         let policy_info = Family::<HashLabels, Gauge>::default();
+        let policy_objects = Family::<ObjectStateLabels, Gauge>::default();
+        let policy_object_rejections = Family::<RejectionLabels, Counter>::default();
+        let policy_objects_served = Family::<KindLabels, Gauge>::default();
+        let policy_status_writes = Family::<ResultLabels, Counter>::default();
         let cert_expiry = Gauge::<i64, AtomicI64>::default();
         let in_flight = Gauge::default();
         let log_lines_dropped = Counter::default();
@@ -259,6 +295,26 @@ impl Metrics {
             "policy_info",
             "The policy in force: 1 for the SHA-256 of its file",
             policy_info.clone(),
+        );
+        registry.register(
+            "policy_objects",
+            "The TollgatePolicy and TollgateProfiles, by kind and state (in_force: this generation's spec; last_good: the last good spec, over one that does not load; invalid: none)",
+            policy_objects.clone(),
+        );
+        registry.register(
+            "policy_object_rejections",
+            "TollgatePolicies and TollgateProfiles found not to load, by kind and reason (each generation counted once)",
+            policy_object_rejections.clone(),
+        );
+        registry.register(
+            "policy_objects_served",
+            "1 while the cluster serves the kind (its CRD is installed), 0 while it does not; with the cluster context only",
+            policy_objects_served.clone(),
+        );
+        registry.register(
+            "policy_status_writes",
+            "Writes of the TollgatePolicy's and TollgateProfiles' status by the holder of the Lease tollgate-policy-status, by result (success, failure)",
+            policy_status_writes.clone(),
         );
         registry.register(
             "certificate_expiry_timestamp_seconds",
@@ -408,6 +464,10 @@ impl Metrics {
             policy_rejected,
             cert_reloads,
             policy_info,
+            policy_objects,
+            policy_object_rejections,
+            policy_objects_served,
+            policy_status_writes,
             cert_expiry,
             in_flight,
             log_lines_dropped,
@@ -428,7 +488,20 @@ impl Metrics {
     /// appears already at 1 has no earlier sample, so `increase()` and `rate()` miss that
     /// first event: a single policy reload failure would never fire its alert.
     fn initialise_series(&self) {
+        for kind in [POLICY_KIND, PROFILE_KIND] {
+            for state in ["in_force", "last_good", "invalid"] {
+                let _ = self
+                    .policy_objects
+                    .get_or_create(&ObjectStateLabels { kind, state });
+            }
+            for reason in ["Invalid", "OutOfBounds", "NotDefault"] {
+                let _ = self
+                    .policy_object_rejections
+                    .get_or_create(&RejectionLabels { kind, reason });
+            }
+        }
         for result in ["success", "failure"] {
+            let _ = self.policy_status_writes.get_or_create(&ResultLabels { result });
             let _ = self.policy_reloads.get_or_create(&ResultLabels { result });
             let _ = self.cert_reloads.get_or_create(&ResultLabels { result });
         }
@@ -506,7 +579,7 @@ impl Metrics {
         self.profile_reviews
             .get_or_create(&ProfileLabels {
                 endpoint,
-                profile: r.profile.as_deref().unwrap_or(BASE_PROFILE).to_owned(),
+                profile: profile_label(r.profile.as_deref()),
             })
             .inc();
         for s in r.steps() {
@@ -595,16 +668,42 @@ impl Metrics {
     /// The profiles of the policy in force, at zero: the label's values are the file's
     /// profile names and "base", and nothing of an earlier policy lingers.
     pub fn set_profiles<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        self.set_profile_labels(names, false);
+    }
+
+    /// [`Metrics::set_profiles`] of a policy: with each name followed by `+ns` too where a
+    /// namespace's TollgateProfile is in force.
+    pub fn set_profiles_of(&self, policy: &Policy) {
+        self.set_profile_labels(
+            policy.profiles.iter().map(|p| p.name.as_str()),
+            !policy.layers.namespaces.is_empty(),
+        );
+    }
+
+    fn set_profile_labels<'a>(&self, names: impl IntoIterator<Item = &'a str>, ns: bool) {
         self.profile_reviews.clear();
-        let names: Vec<&str> = std::iter::once(BASE_PROFILE).chain(names).collect();
+        let names: Vec<String> = std::iter::once(BASE_PROFILE)
+            .chain(names)
+            .flat_map(|n| {
+                let with_ns = ns.then(|| format!("{n}{NAMESPACE_SUFFIX}"));
+                std::iter::once(n.to_owned()).chain(with_ns)
+            })
+            .collect();
         for endpoint in [Endpoint::Mutate.as_str(), Endpoint::Validate.as_str()] {
             for profile in &names {
                 let _ = self.profile_reviews.get_or_create(&ProfileLabels {
                     endpoint,
-                    profile: (*profile).to_owned(),
+                    profile: profile.clone(),
                 });
             }
         }
+    }
+
+    /// Whether the cluster serves `kind` (a TollgatePolicy's or TollgateProfile's CRD).
+    pub fn set_objects_served(&self, kind: &'static str, served: bool) {
+        self.policy_objects_served
+            .get_or_create(&KindLabels { kind })
+            .set(i64::from(served));
     }
 
     pub fn set_policy_hash(&self, hash: &str) {
@@ -623,6 +722,25 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// What the `profile` label says of a namespace's TollgateProfile: `+ns` after what the
+/// cluster gave the pod (`base+ns`, `gpu+ns`), not the namespace, so that the label has
+/// twice the file's profiles at most, however many namespaces have one.
+const NAMESPACE_SUFFIX: &str = "+ns";
+
+/// The `profile` label of a review: the engine names a namespace's profile `NS/NAME` over
+/// the base and `PROFILE+NS/NAME` over a cluster profile (profile names have neither `/`
+/// nor `+`: they are DNS labels).
+pub fn profile_label(profile: Option<&str>) -> String {
+    match profile {
+        None => BASE_PROFILE.to_owned(),
+        Some(p) if p.contains('/') => {
+            let over = p.split_once('+').map_or(BASE_PROFILE, |(c, _)| c);
+            format!("{over}{NAMESPACE_SUFFIX}")
+        }
+        Some(p) => p.to_owned(),
     }
 }
 

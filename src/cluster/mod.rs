@@ -6,11 +6,16 @@
 //! [`ClusterContext`] is what the handlers see: the engine's [`Cluster`] (answers from
 //! memory) plus one bounded fetch for objects the memory does not hold yet, such as a
 //! claim template applied in the same `kubectl apply` as the Job whose pods use it.
+//!
+//! It also watches the policy as Kubernetes objects (`objects.rs`: the TollgatePolicy and
+//! the TollgateProfiles), which reviews never read: the server composes them into the
+//! policy in force.
 
 mod cache;
 pub mod dra;
 mod kueue;
 pub mod nodes;
+pub mod objects;
 mod quotas;
 mod watch;
 
@@ -20,7 +25,7 @@ pub use watch::{Options, Watched};
 /// The resources the context watches, one cache each. A cluster may not serve some (DRA's
 /// before 1.34 or without DRA, Kubeflow Trainer's runtimes, Kueue's queues): while it does not, they have
 /// no metric series and readiness does not wait for them.
-pub const RESOURCES: [&str; 10] = [
+pub const RESOURCES: [&str; 12] = [
     "resourceclaims",
     "resourceclaimtemplates",
     "namespaces",
@@ -31,6 +36,8 @@ pub const RESOURCES: [&str; 10] = [
     "clustertrainingruntimes",
     "localqueues",
     "clusterqueues",
+    tollgate_core::objects::POLICY_PLURAL,
+    tollgate_core::objects::PROFILE_PLURAL,
 ];
 
 use std::future::Future;
@@ -59,6 +66,12 @@ pub trait ClusterContext: Cluster + Send + Sync {
     /// Each cache's state, for metrics (none without watches).
     fn status(&self) -> Vec<ResourceStatus> {
         vec![]
+    }
+
+    /// The watched TollgatePolicy and TollgateProfiles (None without watches): the
+    /// server composes them with the file into the policy in force.
+    fn policy_objects(&self) -> Option<std::sync::Arc<objects::PolicyObjects>> {
+        None
     }
 }
 

@@ -56,6 +56,7 @@ use super::cache::{
 use super::dra::{self, ClassSink, Discovery, Raw};
 use super::kueue::{self, QueueSink, Queues, KUEUE_API_VERSIONS};
 use super::nodes::{NodeSink, NodeView};
+use super::objects::PolicyObjects;
 use super::quotas::{self, QuotaSink};
 use super::{BoxFuture, ClusterContext, ResourceStatus};
 use tollgate_core::capacity::Nodes;
@@ -66,7 +67,7 @@ const FOUND_TTL: Duration = Duration::from_secs(60);
 /// How long "a GET found nothing" holds: a claim applied a moment later must still be seen.
 const ABSENT_TTL: Duration = Duration::from_secs(5);
 /// Objects per list request: the page size kube's reflectors and kubectl use.
-const PAGE_SIZE: u32 = 500;
+pub(super) const PAGE_SIZE: u32 = 500;
 
 /// Tuning of the watched context.
 #[derive(Debug, Clone)]
@@ -79,6 +80,7 @@ pub struct Options {
 const NO_DRA: &str = "the cluster serves no resource.k8s.io version tollgate reads (v1, v1beta2, v1beta1): no pod there claims devices, and discovery is asked again every 5 minutes";
 const NO_TRAINER: &str = "Kubeflow Trainer is not installed; TrainJobs naming a runtime are allowed with a warning until it is";
 const NO_FEASIBILITY: &str = "feasibility says nothing of it until it does";
+const NO_POLICY_OBJECTS: &str = "the tollgate.dev CRDs (TollgatePolicy, TollgateProfile) are not installed: the policy file (or the built-in policy) is in force alone, and the watch keeps retrying";
 const NO_KUEUE: &str = "the cluster serves no kueue.x-k8s.io version tollgate reads (v1, v1beta2, v1beta1): workloads are held to their namespace's ResourceQuotas, and discovery is asked again every 5 minutes";
 
 /// The caches' health, one per watch.
@@ -93,11 +95,13 @@ struct Healths {
     cluster_runtimes: Arc<Health>,
     local_queues: Arc<Health>,
     cluster_queues: Arc<Health>,
+    policies: Arc<Health>,
+    profiles: Arc<Health>,
 }
 
 impl Healths {
     fn new() -> Healths {
-        let [claims, templates, namespaces, nodes, quotas, classes, runtimes, cluster_runtimes, local_queues, cluster_queues] =
+        let [claims, templates, namespaces, nodes, quotas, classes, runtimes, cluster_runtimes, local_queues, cluster_queues, policies, profiles] =
             super::RESOURCES;
         let h = |r, readiness, note| Arc::new(Health::new(r, readiness, note));
         Healths {
@@ -111,11 +115,13 @@ impl Healths {
             cluster_runtimes: h(cluster_runtimes, Readiness::Never, NO_TRAINER),
             local_queues: h(local_queues, Readiness::UnlessUnavailable, NO_KUEUE),
             cluster_queues: h(cluster_queues, Readiness::UnlessUnavailable, NO_KUEUE),
+            policies: h(policies, Readiness::UnlessUnavailable, NO_POLICY_OBJECTS),
+            profiles: h(profiles, Readiness::UnlessUnavailable, NO_POLICY_OBJECTS),
         }
     }
 
     /// In the order of [`super::RESOURCES`].
-    fn all(&self) -> [&Arc<Health>; 10] {
+    fn all(&self) -> [&Arc<Health>; 12] {
         [
             &self.claims,
             &self.templates,
@@ -127,6 +133,8 @@ impl Healths {
             &self.cluster_runtimes,
             &self.local_queues,
             &self.cluster_queues,
+            &self.policies,
+            &self.profiles,
         ]
     }
 
@@ -157,6 +165,8 @@ pub struct Watched {
     /// The DRA version the cluster serves, for the fetches.
     dra: Arc<Discovery>,
     health: Healths,
+    /// The TollgatePolicy and TollgateProfiles, for the server's composer.
+    policy_objects: Arc<PolicyObjects>,
     recent: Mutex<Recent>,
     options: Options,
     tasks: Vec<JoinHandle<()>>,
@@ -415,6 +425,12 @@ impl Watched {
         };
         let (local_queues, t9) = queues("LocalQueue", "localqueues", &health.local_queues);
         let (cluster_queues, t10) = queues("ClusterQueue", "clusterqueues", &health.cluster_queues);
+        let policy_objects = Arc::new(PolicyObjects::new([
+            health.policies.clone(),
+            health.profiles.clone(),
+        ]));
+        let mut tasks = vec![t1, t2, t3, t4, t5, t6, t7, t8, t9, t10];
+        tasks.extend(policy_objects.start(&client));
         Watched {
             client,
             claims,
@@ -429,9 +445,10 @@ impl Watched {
             cluster_queues,
             dra: discovery,
             health,
+            policy_objects,
             recent: Mutex::new(Recent::default()),
             options,
-            tasks: vec![t1, t2, t3, t4, t5, t6, t7, t8, t9, t10],
+            tasks,
         }
     }
 
@@ -741,6 +758,10 @@ impl ClusterContext for Watched {
 
     fn synced(&self) -> bool {
         self.health.all().iter().all(|h| h.ready())
+    }
+
+    fn policy_objects(&self) -> Option<Arc<PolicyObjects>> {
+        Some(self.policy_objects.clone())
     }
 
     /// A resource the cluster does not serve has no series.

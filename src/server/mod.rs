@@ -5,9 +5,12 @@
 //! - the routes and their handlers in [`routes`],
 //! - connection serving (TCP accept, TLS, HTTP/1.1 and HTTP/2, limits) in [`conn`],
 //! - the policy and certificate reloads in [`reload`],
+//! - the policy in force composed of the file and the TollgatePolicy and TollgateProfiles
+//!   the cluster context watches, and their status, in [`objects`],
 //! - graceful shutdown in [`shutdown`].
 
 mod conn;
+pub mod objects;
 mod reload;
 mod routes;
 mod shutdown;
@@ -134,7 +137,7 @@ impl AppState {
     ) -> Arc<AppState> {
         let metrics = Metrics::new();
         metrics.set_policy_hash(&policy.hash);
-        metrics.set_profiles(policy.policy.profiles.iter().map(|p| p.name.as_str()));
+        metrics.set_profiles_of(&policy.policy);
         Arc::new(AppState {
             policy: ArcSwap::from_pointee(policy),
             cluster,
@@ -236,20 +239,27 @@ async fn client_for(
     Ok((client, url, namespace))
 }
 
-/// The cluster context: watches of the API server, or nothing.
-async fn cluster_context(opts: Option<&ClusterOptions>) -> anyhow::Result<Arc<dyn ClusterContext>> {
+/// The cluster context: watches of the API server, or nothing; and where the policy
+/// objects' status is written from (its client, and tollgate's namespace for the Lease).
+async fn cluster_context(
+    opts: Option<&ClusterOptions>,
+) -> anyhow::Result<(Arc<dyn ClusterContext>, Option<objects::StatusWriter>)> {
     let Some(o) = opts else {
-        return Ok(Arc::new(Offline));
+        return Ok((Arc::new(Offline), None));
     };
-    let (client, url, _) =
+    let (client, url, namespace) =
         client_for(o.kubeconfig.as_deref(), o.context.as_deref(), NO_CLUSTER).await?;
-    info!(apiserver = %url, "cluster context: watching resourceclaims, resourceclaimtemplates and namespaces");
-    Ok(Arc::new(Watched::start(
-        client,
+    info!(apiserver = %url, "cluster context: watching resourceclaims, resourceclaimtemplates, namespaces, and the TollgatePolicy and TollgateProfiles");
+    let watched = Watched::start(
+        client.clone(),
         WatchOptions {
             fetch_timeout: o.fetch_timeout,
         },
-    )))
+    );
+    Ok((
+        Arc::new(watched),
+        Some(objects::StatusWriter { client, namespace }),
+    ))
 }
 
 /// What `--audit-interval` needs without a cluster.
@@ -327,7 +337,7 @@ async fn start_with(
     app: fn(Arc<AppState>) -> Router,
 ) -> anyhow::Result<Running> {
     let context_on = opts.cluster.is_some();
-    let (active, policy_bytes) = reload::initial_policy(opts.policy_path.as_deref(), context_on)
+    let (_, policy_bytes) = reload::initial_policy(opts.policy_path.as_deref(), context_on)
         .map_err(anyhow::Error::msg)?;
     let certs = Arc::new(match &opts.self_managed {
         None => CertStore::open(&opts.cert_path, &opts.key_path)?,
@@ -335,7 +345,18 @@ async fn start_with(
     });
     let tls = crate::tls::server_config(certs.clone(), opts.client_ca.as_deref())?;
     let acceptor = TlsAcceptor::from(Arc::new(tls));
-    let cluster = cluster_context(opts.cluster.as_ref()).await?;
+    let (cluster, status_writer) = cluster_context(opts.cluster.as_ref()).await?;
+    // The file checked (above); composed with the objects once the watches list them.
+    let path = opts.policy_path.as_ref().map(|p| p.display().to_string());
+    let composition = Arc::new(
+        objects::Composition::new(
+            path.as_deref().map(|p| (p, policy_bytes.as_slice())),
+            tollgate_core::policy::BUILTIN_TEXT.as_bytes(),
+            cluster.policy_objects(),
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?,
+    );
+    let active = composition.initial().map_err(|e| anyhow::anyhow!("{e}"))?;
     let state = AppState::with_cluster(active, opts.limits.clone(), cluster);
     state.metrics.cert_expiry.set(certs.not_after());
     let _ = state.certs.set(certs.clone());
@@ -360,10 +381,13 @@ async fn start_with(
     let (stop_tx, stop_rx) = watch::channel(false);
     let audit = start_audit(&opts, &state, stop_rx.clone()).await?;
     let managed = start_self_managed(&opts, &state, &certs, stop_rx.clone()).await?;
+    let composing = start_composing(&composition, &state, status_writer, &stop_rx);
     let done = tokio::spawn(run(
         opts,
         audit,
         managed,
+        composing,
+        composition,
         policy_bytes,
         app(state.clone()),
         listener,
@@ -385,11 +409,41 @@ async fn start_with(
     })
 }
 
+/// The tasks that keep the composed policy and the objects' status: a recomposition at
+/// every change of the watched objects, and the status writer (with the cluster context).
+fn start_composing(
+    composition: &Arc<objects::Composition>,
+    state: &Arc<AppState>,
+    writer: Option<objects::StatusWriter>,
+    stop: &watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    if let Some(source) = state.cluster.policy_objects() {
+        tasks.push(tokio::spawn(objects::objects_loop(
+            composition.clone(),
+            source,
+            state.clone(),
+            stop.clone(),
+        )));
+    }
+    if let Some(w) = writer {
+        tasks.push(tokio::spawn(objects::status_loop(
+            w,
+            composition.reports(),
+            state.clone(),
+            stop.clone(),
+        )));
+    }
+    tasks
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run(
     opts: ServeOptions,
     audit: Option<Background>,
     managed: Option<selfmanaged::Running>,
+    composing: Vec<tokio::task::JoinHandle<()>>,
+    composition: Arc<objects::Composition>,
     policy_bytes: Vec<u8>,
     app: Router,
     listener: TcpListener,
@@ -404,6 +458,7 @@ async fn run(
         opts.policy_path.is_some().then(|| {
             reload::PolicyWatch::new(policy_bytes).with_cluster_context(opts.cluster.is_some())
         }),
+        composition,
         state.clone(),
         certs,
         stop.clone(),
@@ -442,6 +497,15 @@ async fn run(
             .is_err()
         {
             warn!("the self-managed certificates did not stop within 3 s");
+        }
+    }
+    // They stopped with the signal; the status writer releases its Lease.
+    for t in composing {
+        if tokio::time::timeout(Duration::from_secs(3), t)
+            .await
+            .is_err()
+        {
+            warn!("the policy objects' composer or status writer did not stop within 3 s");
         }
     }
     if let Some(t) = metrics_task {

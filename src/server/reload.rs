@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::shutdown::stopped;
+use super::objects::Composition;
 use super::{ActivePolicy, AppState, ServeOptions};
 use crate::metrics::ResultLabels;
 use crate::tls::CertStore;
@@ -151,6 +152,7 @@ impl PolicyWatch {
 pub(super) async fn reload_loop(
     opts: ServeOptions,
     mut policy: Option<PolicyWatch>,
+    composition: Arc<Composition>,
     state: Arc<AppState>,
     certs: Arc<CertStore>,
     mut stop: watch::Receiver<bool>,
@@ -166,7 +168,7 @@ pub(super) async fn reload_loop(
             _ = stopped(&mut stop) => return,
         }
         if let (Some(path), Some(watch)) = (&opts.policy_path, policy.as_mut()) {
-            poll_policy(path, watch, &state);
+            poll_policy(path, watch, &composition, &state);
         }
         match certs.reload() {
             Ok(changed) => {
@@ -206,7 +208,7 @@ pub(super) async fn reload_loop(
 }
 
 /// One look at the policy file: a new policy goes into force, a bad one is reported once.
-fn poll_policy(path: &Path, watch: &mut PolicyWatch, state: &AppState) {
+fn poll_policy(path: &Path, watch: &mut PolicyWatch, composition: &Composition, state: &AppState) {
     // Read by path every time: the path resolves through the ..data symlink to whatever
     // directory the kubelet swapped in last.
     let read = std::fs::read(path);
@@ -215,11 +217,9 @@ fn poll_policy(path: &Path, watch: &mut PolicyWatch, state: &AppState) {
         PolicyPoll::Reloaded(p) => {
             info!(policy = %p.hash, previous = %state.policy.load().hash,
                 path = %path.display(), "policy reloaded");
-            state.metrics.set_policy_hash(&p.hash);
-            state
-                .metrics
-                .set_profiles(p.policy.profiles.iter().map(|p| p.name.as_str()));
-            state.policy.store(p);
+            // Composed with the TollgatePolicy and TollgateProfiles in force, if any: the
+            // composer puts the result in force (the file's hash alone without them).
+            composition.file_changed(&path.display().to_string(), &watch.in_force, state);
             state
                 .metrics
                 .policy_reloads

@@ -139,6 +139,13 @@ async fn readyz(State(s): State<Arc<AppState>>, method: Method) -> Response {
             ),
         );
     }
+    // A restart with objects stored is ready with them in force, not the file alone.
+    if s.cluster.policy_objects().is_some_and(|o| !o.ready()) {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the TollgatePolicy and TollgateProfiles listed are not in force yet\n",
+        );
+    }
     text(
         StatusCode::OK,
         format!("ready: policy {}\n", s.policy.load().hash),
@@ -311,7 +318,7 @@ fn log_review(r: &Reviewed, elapsed: Duration, policy_hash: &str) {
         decision = %r.outcome.as_str(),
         verdict = r.verdict().map(|v| tracing::field::display(v.as_str())),
         steps = %steps,
-        profile = %r.profile.as_deref().unwrap_or(BASE_PROFILE),
+        profile = %shown_profile(r.profile.as_deref()),
         duration_us = elapsed.as_micros() as u64,
         policy = %policy_hash,
         "review"
@@ -328,6 +335,21 @@ fn log_review(r: &Reviewed, elapsed: Duration, policy_hash: &str) {
             reason = %why, "opt-out refused"
         ),
         _ => {}
+    }
+}
+
+/// The profile a review's line names: a namespace's TollgateProfile as kubectl names the
+/// object (`TollgateProfile ml/default`, or `gpu+TollgateProfile ml/default` over the
+/// cluster's profile `gpu`); the engine calls it `ml/default` (`gpu+ml/default`).
+fn shown_profile(profile: Option<&str>) -> std::borrow::Cow<'_, str> {
+    use tollgate_core::objects::PROFILE_KIND;
+    match profile {
+        None => BASE_PROFILE.into(),
+        Some(p) if p.contains('/') => match p.split_once('+') {
+            Some((over, object)) => format!("{over}+{PROFILE_KIND} {object}").into(),
+            None => format!("{PROFILE_KIND} {p}").into(),
+        },
+        Some(p) => p.into(),
     }
 }
 
