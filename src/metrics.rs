@@ -11,8 +11,8 @@ use prometheus_client::registry::Registry;
 
 use crate::cluster::ResourceStatus;
 use tollgate_core::mutate::Step;
-use tollgate_core::optout::OptOut;
 use tollgate_core::objects::{POLICY_KIND, PROFILE_KIND};
+use tollgate_core::optout::OptOut;
 use tollgate_core::policy::{Policy, BASE_PROFILE};
 use tollgate_core::review::{Endpoint, Outcome, Reviewed};
 use tollgate_core::validate::Verdict;
@@ -501,7 +501,9 @@ impl Metrics {
             }
         }
         for result in ["success", "failure"] {
-            let _ = self.policy_status_writes.get_or_create(&ResultLabels { result });
+            let _ = self
+                .policy_status_writes
+                .get_or_create(&ResultLabels { result });
             let _ = self.policy_reloads.get_or_create(&ResultLabels { result });
             let _ = self.cert_reloads.get_or_create(&ResultLabels { result });
         }

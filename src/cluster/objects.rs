@@ -223,7 +223,8 @@ impl Sink<DynamicObject> for ObjectSink {
                 false
             }
             watcher::Event::InitApply(o) => {
-                if let (Some(w), Some(r)) = (WatchedObject::of(self.kind, &o), held.relist.as_mut()) {
+                if let (Some(w), Some(r)) = (WatchedObject::of(self.kind, &o), held.relist.as_mut())
+                {
                     r.insert(w.key(), w);
                 }
                 false

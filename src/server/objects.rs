@@ -151,9 +151,6 @@ impl Composition {
         drop(c);
         if let Some(s) = &self.source {
             s.composed(&snapshot);
-            for kind in ObjectKind::ALL {
-                state.metrics.set_objects_served(kind.kind(), s.served(kind));
-            }
         }
         self.reports.send_if_modified(|r| {
             if **r == reports {
@@ -183,12 +180,17 @@ impl Composer {
         let cluster = policies.iter().find(|o| o.stored.name == NAME);
         let profile_candidates: Vec<Candidate<'_>> =
             profiles.iter().map(|o| candidate(last_good, o)).collect();
-        let composed =
-            objects::compose(self.file.as_ref(), cluster.map(|o| candidate(last_good, o)), &profile_candidates)?;
+        let composed = objects::compose(
+            self.file.as_ref(),
+            cluster.map(|o| candidate(last_good, o)),
+            &profile_candidates,
+        )?;
         let mut statuses = composed.statuses;
         // A TollgatePolicy not named `default` is never applied; its status says so.
         for o in policies.iter().filter(|o| o.stored.name != NAME) {
-            if let Ok(other) = objects::compose(self.file.as_ref(), Some(candidate(last_good, o)), &[]) {
+            if let Ok(other) =
+                objects::compose(self.file.as_ref(), Some(candidate(last_good, o)), &[])
+            {
                 statuses.extend(other.statuses);
             }
         }
@@ -266,10 +268,7 @@ impl Composer {
                     .set(counts.get(&(kind.kind(), label)).copied().unwrap_or(0));
             }
         }
-        Ok((
-            ActivePolicy::new(composed.policy, &hashed),
-            reports,
-        ))
+        Ok((ActivePolicy::new(composed.policy, &hashed), reports))
     }
 
     /// Logs and counts what became of an object, when it changed.
@@ -349,7 +348,8 @@ pub async fn status_loop(
         identity: lease::identity(),
         ..LeaseOptions::new(&writer.namespace)
     };
-    let elector = tokio::spawn(Elector::new(writer.client.clone(), opts, leader_tx).run(stop.clone()));
+    let elector =
+        tokio::spawn(Elector::new(writer.client.clone(), opts, leader_tx).run(stop.clone()));
     // The last failure said of each object, so that a write refused on every try (RBAC
     // without the status subresource) is said once.
     let mut failures: HashMap<String, String> = HashMap::new();
@@ -398,7 +398,11 @@ async fn write_status(
         crate::cluster::objects::key(&r.status.namespace, &r.status.name)
     );
     let result = api
-        .patch_status(&r.status.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch_status(
+            &r.status.name,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await;
     let counted = |result| {
         state
@@ -448,7 +452,11 @@ fn status_patch(r: &Report, now: &Value) -> Option<Value> {
         && field(ready, "reason").as_ref().and_then(Value::as_str) == Some(s.reason)
         && field(ready, "message").as_ref().and_then(Value::as_str) == Some(s.message.as_str())
         && field(ready, "observedGeneration").unwrap_or(Value::Null) == generation
-        && r.stored.get("observedGeneration").cloned().unwrap_or(Value::Null) == generation;
+        && r.stored
+            .get("observedGeneration")
+            .cloned()
+            .unwrap_or(Value::Null)
+            == generation;
     if same {
         return None;
     }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::shutdown::stopped;
 use super::objects::Composition;
+use super::shutdown::stopped;
 use super::{ActivePolicy, AppState, ServeOptions};
 use crate::metrics::ResultLabels;
 use crate::tls::CertStore;

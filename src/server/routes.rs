@@ -15,6 +15,7 @@ use axum::Router;
 use tracing::{info, warn};
 
 use super::{AppState, Limits};
+use crate::cluster::objects::ObjectKind;
 use crate::metrics::Metrics;
 use tollgate_core::cluster::Layered;
 use tollgate_core::optout::OptOut;
@@ -58,6 +59,11 @@ pub fn metrics_router(state: Arc<AppState>) -> Router {
                         )],
                         {
                             s.metrics.observe_cluster(&s.cluster.status());
+                            if let Some(o) = s.cluster.policy_objects() {
+                                for kind in ObjectKind::ALL {
+                                    s.metrics.set_objects_served(kind.kind(), o.served(kind));
+                                }
+                            }
                             s.metrics.encode()
                         },
                     )

@@ -385,3 +385,14 @@ static ISOLATED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
 pub fn isolated_plane() -> Option<&'static ControlPlane> {
     started(&ISOLATED)
 }
+
+static POLICY_OBJECTS: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+
+/// A third control plane, started on first use as [`plane`] is, for the tests of the policy
+/// as Kubernetes objects (tests/policy_objects.rs): every server with its cluster context
+/// watches the cluster's TollgatePolicy `default`, so one stored on a shared plane would
+/// change the answers of every other test's server there. Those tests share this one
+/// among themselves, one at a time.
+pub fn policy_objects_plane() -> Option<&'static ControlPlane> {
+    started(&POLICY_OBJECTS)
+}
