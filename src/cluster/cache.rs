@@ -24,6 +24,9 @@ use tracing::{info, warn};
 use super::ResourceStatus;
 use tollgate_core::cluster::Lookup;
 
+/// Objects per list request: the page size kube's reflectors and kubectl use.
+pub const PAGE_SIZE: u32 = 500;
+
 /// While a watch is failing, how often its resource is listed (one object) to learn that
 /// the apiserver answers again: the watcher's own recovery is silent until the next event.
 const PROBE_INTERVAL: Duration = Duration::from_secs(10);

@@ -24,7 +24,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::cache::{drive, Health, Sink};
+use super::cache::{drive, Health, Sink, PAGE_SIZE};
 use tollgate_core::objects::{
     Stored, GROUP, POLICY_KIND, POLICY_PLURAL, PROFILE_KIND, PROFILE_PLURAL, VERSION,
 };
@@ -193,12 +193,10 @@ impl PolicyObjects {
                 let objects = self.clone();
                 tokio::spawn(async move {
                     let health = objects.state(kind).health.clone();
-                    let stream = watcher(
-                        api.clone(),
-                        watcher::Config::default().page_size(super::watch::PAGE_SIZE),
-                    )
-                    .default_backoff()
-                    .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear());
+                    let stream =
+                        watcher(api.clone(), watcher::Config::default().page_size(PAGE_SIZE))
+                            .default_backoff()
+                            .modify(|o: &mut DynamicObject| o.managed_fields_mut().clear());
                     let mut sink = ObjectSink { kind, objects };
                     drive(stream, &health, &mut sink, &api, false).await;
                 })

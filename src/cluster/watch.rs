@@ -51,7 +51,7 @@ use tokio::task::JoinHandle;
 use tracing::warn;
 
 use super::cache::{
-    drive, Health, Readiness, Reflected, Sink, FETCH_ABSENT, FETCH_FAILED, FETCH_FOUND,
+    drive, Health, Readiness, Reflected, Sink, FETCH_ABSENT, FETCH_FAILED, FETCH_FOUND, PAGE_SIZE,
 };
 use super::dra::{self, ClassSink, Discovery, Raw};
 use super::kueue::{self, QueueSink, Queues, KUEUE_API_VERSIONS};
@@ -66,8 +66,6 @@ use tollgate_core::cluster::{self, Cluster, Kind, Lookup, ObjectKey, Objects};
 const FOUND_TTL: Duration = Duration::from_secs(60);
 /// How long "a GET found nothing" holds: a claim applied a moment later must still be seen.
 const ABSENT_TTL: Duration = Duration::from_secs(5);
-/// Objects per list request: the page size kube's reflectors and kubectl use.
-pub(super) const PAGE_SIZE: u32 = 500;
 
 /// Tuning of the watched context.
 #[derive(Debug, Clone)]
