@@ -86,7 +86,7 @@ pub struct Explained {
     pub name: String,
     /// The layers applied, from the bottom (the built-in policy first).
     pub layers: Vec<Source>,
-    /// Every value, in the policy's order.
+    /// Every value, by key (a map's keys in order) under the keys above it.
     pub leaves: Vec<Leaf>,
 }
 
@@ -103,7 +103,7 @@ pub enum ExplainError {
 
 /// The policy the pods of `namespace` (None: a namespace without a TollgateProfile) get
 /// under `profile` (a cluster profile's name; None: the base), and where each of its values
-/// came from, in the policy's order.
+/// came from.
 pub fn explain(
     policy: &Policy,
     namespace: Option<&str>,
