@@ -80,23 +80,7 @@ pub fn run(a: &PolicyArgs) -> i32 {
 
 fn show(a: &PolicyArgs) -> Result<(String, bool), String> {
     let file = objects::file_layer(a.policy.as_deref())?;
-    let default_ns = a.namespace.as_deref().unwrap_or("default");
-    let mut found = PolicyObjects::default();
-    let mut left_out = 0;
-    for path in &a.files {
-        for (name, text) in read_files(path)? {
-            for d in super::review::read(&text, default_ns).map_err(|e| format!("{name}: {e}"))? {
-                if !found.add(&name, &d) {
-                    left_out += 1;
-                }
-            }
-        }
-    }
-    if left_out > 0 {
-        eprintln!(
-            "tollgate: {left_out} object(s) that are neither a TollgatePolicy nor a TollgateProfile (tollgate.dev/v1alpha1) left out"
-        );
-    }
+    let found = read_objects(&a.files, a.namespace.as_deref())?;
     let composed = objects::compose(file.as_ref(), &found)?;
     for s in composed.statuses.iter().filter(|s| !s.ready) {
         eprintln!("tollgate: {}", s.message);
@@ -123,6 +107,33 @@ fn show(a: &PolicyArgs) -> Result<(String, bool), String> {
         Format::Table => header(&explained, a) + &table(&explained.leaves),
     };
     Ok((text, all_ready))
+}
+
+/// The TollgatePolicy and TollgateProfiles of `files` (each a file or a directory), a
+/// profile without a namespace in `namespace`, else `default`; what else they hold is
+/// left out, and said so on standard error.
+pub(super) fn read_objects(
+    files: &[PathBuf],
+    namespace: Option<&str>,
+) -> Result<PolicyObjects, String> {
+    let default_ns = namespace.unwrap_or("default");
+    let mut found = PolicyObjects::default();
+    let mut left_out = 0;
+    for path in files {
+        for (name, text) in read_files(path)? {
+            for d in super::review::read(&text, default_ns).map_err(|e| format!("{name}: {e}"))? {
+                if !found.add(&name, &d) {
+                    left_out += 1;
+                }
+            }
+        }
+    }
+    if left_out > 0 {
+        eprintln!(
+            "tollgate: {left_out} object(s) that are neither a TollgatePolicy nor a TollgateProfile (tollgate.dev/v1alpha1) left out"
+        );
+    }
+    Ok(found)
 }
 
 /// A file's text, or each manifest file's of a directory.

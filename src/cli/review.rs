@@ -132,18 +132,6 @@ pub fn run(a: &ReviewArgs) -> i32 {
     }
 }
 
-/// `--policy FILE`, or the built-in policy; an error is the one line to show.
-pub fn load_policy(path: Option<&std::path::Path>) -> Result<Policy, String> {
-    match path {
-        Some(path) => {
-            let text =
-                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            Policy::from_text(&path.display().to_string(), &text).map_err(|e| e.to_string())
-        }
-        None => Ok(Policy::builtin()),
-    }
-}
-
 fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
     let file = objects::file_layer(a.policy.as_deref()).map_err(Unusable)?;
     let files = inputs(a)?;
