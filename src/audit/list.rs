@@ -403,7 +403,9 @@ async fn runtimes(
 /// The cluster's TollgatePolicy and the TollgateProfiles of `scope` (its namespace, or
 /// all), as JSON, composed with the file into the policy the namespaces are audited with;
 /// and, for each kind the identity may not list, why (the audit then runs without it).
-/// None of a kind the cluster does not serve (its CRD not installed).
+/// None where the cluster does not serve them (their CRDs not installed): asked of
+/// discovery first, since the apiserver answers a list of a resource it does not serve
+/// with 403, not 404, to an identity no rule lets list it.
 pub async fn policy_objects(
     a: &Auditor,
     scope: &Namespaces,
@@ -411,6 +413,25 @@ pub async fn policy_objects(
     use tollgate_core::objects::{
         GROUP, POLICY_KIND, POLICY_PLURAL, PROFILE_KIND, PROFILE_PLURAL, VERSION,
     };
+    // GROUP/VERSION, as discovery names it (a &'static str).
+    const SERVED: &str = "tollgate.dev/v1alpha1";
+    debug_assert_eq!(SERVED, format!("{GROUP}/{VERSION}"));
+    let served = dra::newest_served(&a.client, &[SERVED])
+        .await
+        .map_err(|e| {
+            classify(
+                &a.url,
+                Needs {
+                    verb: "get",
+                    resource: "the API discovery (/apis)",
+                    namespace: None,
+                },
+                e,
+            )
+        })?;
+    if served.is_none() {
+        return Ok((vec![], vec![]));
+    }
     let namespace = match scope {
         Namespaces::All => None,
         Namespaces::One(ns) => Some(ns.as_str()),

@@ -74,6 +74,8 @@ pub fn run(a: &AuditArgs) -> i32 {
 
 async fn audit(a: &AuditArgs) -> Result<(Totals, bool), String> {
     let file = super::objects::file_layer(a.policy.as_deref())?;
+    // A file that does not load is unusable before the cluster is asked anything.
+    super::objects::compose(file.as_ref(), &PolicyObjects::default())?;
     let given = super::policy::read_objects(&a.files, a.namespace.as_deref())?;
     let sources = KubeconfigSources::from_process_env(a.kubeconfig.clone());
     let config = load_client_config(&sources, a.context.as_deref(), NO_CLUSTER)
