@@ -805,6 +805,92 @@ async fn findings_name_what_is_missing_and_what_mutation_would_add() {
     );
 }
 
+/// A TollgateProfile given with `-f` (with a TollgatePolicy letting it loosen validation,
+/// which replaces the cluster's, if another test made one) judges its namespace's pods, and
+/// no other namespace's; one that crosses a bound is said, and fails the audit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_is_audited_with_its_tollgate_profile() {
+    let Some(c) = Real::new().await else { return };
+    let (a, b) = (
+        c.namespace("audit-prof-a").await,
+        c.namespace("audit-prof-b").await,
+    );
+    c.create(vec![notebook_w(&a, "nb"), notebook_w(&b, "nb")])
+        .await;
+    let objects = format!(
+        "apiVersion: tollgate.dev/v1alpha1
+kind: TollgatePolicy
+metadata: {{name: default}}
+spec:
+  namespaceProfiles: {{mayLoosen: [validation]}}
+---
+apiVersion: tollgate.dev/v1alpha1
+kind: TollgateProfile
+metadata: {{name: default, namespace: {a}}}
+spec:
+  validation: {{mode: warn}}
+"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("objects.yaml");
+    std::fs::write(&path, &objects).unwrap();
+    let f = path.to_str().unwrap();
+    let requests = |out: &Output| {
+        json_lines(out)
+            .into_iter()
+            .find(|l| l["object"]["name"] == "nb" && l["rule"] == "requests")
+            .unwrap_or_else(|| panic!("{}{}", stdout(out), stderr(out)))
+    };
+    let in_a = c.audit(&["-n", &a, "-f", f, "--output", "json"]).await;
+    let nb = requests(&in_a);
+    assert_eq!(nb["profile"], json!(format!("{a}/default")), "{nb}");
+    assert_eq!(nb["mode"], "warn", "{nb}");
+    assert!(
+        nb["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("would be refused once enforced: "),
+        "{nb}"
+    );
+    let in_b = c.audit(&["-n", &b, "-f", f, "--output", "json"]).await;
+    let nb = requests(&in_b);
+    assert_eq!(nb["profile"], "base", "{nb}");
+    assert_eq!(nb["mode"], "enforce", "{nb}");
+    assert!(
+        nb["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("would be refused: "),
+        "{nb}"
+    );
+    assert!(
+        stderr(&in_b).trim().starts_with("tollgate: audited 1 pod"),
+        "{}",
+        stderr(&in_b)
+    );
+    // The profile alone crosses the built-in policy's bound: said, naming the field, and
+    // its namespace judged by the cluster's policy.
+    let alone = dir.path().join("alone.yaml");
+    std::fs::write(&alone, objects.split("---\n").nth(1).unwrap()).unwrap();
+    let out = c
+        .audit(&["-n", &a, "-f", alone.to_str().unwrap(), "--output", "json"])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "TollgateProfile {a}/default: field `spec.validation.mode`"
+        )),
+        "{err}"
+    );
+    let nb = requests(&out);
+    assert_eq!(
+        (nb["profile"].clone(), nb["mode"].clone()),
+        (json!("base"), json!("enforce")),
+        "{nb}"
+    );
+}
+
 /// A ClusterRole of `rules` bound to the user `user` cluster-wide (both named for the
 /// user), created as the admin.
 async fn bind_user(c: &Real, user: &str, rules: Value) {

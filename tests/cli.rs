@@ -945,3 +945,344 @@ fn a_raycluster_with_yaml_1_1_octal_has_every_template_judged() {
         "{v:#}"
     );
 }
+
+/// A TollgatePolicy letting namespaces loosen validation, and team-a's TollgateProfile
+/// moving it to warn (and a default of its own).
+const POLICY_OBJECTS: &str = "apiVersion: tollgate.dev/v1alpha1
+kind: TollgatePolicy
+metadata:
+  name: default
+spec:
+  namespaceProfiles:
+    mayLoosen: [validation]
+---
+apiVersion: tollgate.dev/v1alpha1
+kind: TollgateProfile
+metadata:
+  name: default
+  namespace: team-a
+spec:
+  validation:
+    mode: warn
+  mutation:
+    defaultResources:
+      perGpu: {memory: 128Gi}
+";
+
+/// team-a's TollgateProfile alone: warn crosses the bound of the built-in policy.
+const OUT_OF_BOUNDS: &str = "apiVersion: tollgate.dev/v1alpha1
+kind: TollgateProfile
+metadata:
+  name: default
+  namespace: team-a
+spec:
+  validation:
+    mode: warn
+";
+
+fn notebook_in(ns: &str) -> String {
+    NOTEBOOK.replace(
+        "  name: notebook\n",
+        &format!("  name: notebook\n  namespace: {ns}\n"),
+    )
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn review_judges_a_namespace_with_the_profile_in_its_input_and_no_other() {
+    let input = format!(
+        "{POLICY_OBJECTS}---\n{}---\n{}",
+        notebook_in("team-a"),
+        notebook_in("team-b")
+    );
+    let out = tollgate(&["review", "-"], Some(input.as_bytes()));
+    let text = stdout(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "team-b's notebook is refused: {text}"
+    );
+    // The objects first, as what the rest is judged with.
+    let first: Vec<&str> = text.lines().filter(|l| !l.is_empty()).take(2).collect();
+    assert_eq!(
+        first,
+        [
+            "tollgatepolicy default: in force: the cluster's policy",
+            "tollgateprofile team-a/default: in force for the pods and workloads of namespace team-a"
+        ],
+        "{text}"
+    );
+    assert!(
+        text.contains("pod team-a/notebook: allowed (profile team-a/default)"),
+        "{text}"
+    );
+    assert!(text.contains("pod team-b/notebook: denied\n"), "{text}");
+    // Without the objects, both are refused; with them as the saved cluster state, the
+    // same verdicts.
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.yaml");
+    std::fs::write(&state, POLICY_OBJECTS).unwrap();
+    let pods = format!("{}---\n{}", notebook_in("team-a"), notebook_in("team-b"));
+    let plain = tollgate(&["review", "-"], Some(pods.as_bytes()));
+    assert!(
+        stdout(&plain).contains("pod team-a/notebook: denied"),
+        "{}",
+        stdout(&plain)
+    );
+    let with_state = tollgate(
+        &[
+            "review",
+            "-",
+            "--cluster-state",
+            state.to_str().unwrap(),
+            "--output",
+            "json",
+        ],
+        Some(pods.as_bytes()),
+    );
+    let results: serde_json::Value = serde_json::from_slice(&with_state.stdout).unwrap();
+    let decisions: Vec<(&str, &str)> = results
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["kind"].as_str().unwrap_or("Pod"),
+                r["decision"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            ("TollgatePolicy", "allowed"),
+            ("TollgateProfile", "allowed"),
+            ("Pod", "allowed"),
+            ("Pod", "denied")
+        ],
+        "{results:#}"
+    );
+    assert_eq!(results[1]["file"], state.display().to_string());
+    assert_eq!(results[2]["profile"], "team-a/default");
+}
+
+#[test]
+fn review_fails_a_profile_out_of_bounds_naming_the_field_and_the_bound() {
+    let input = format!("{OUT_OF_BOUNDS}---\n{}", notebook_in("team-a"));
+    let out = tollgate(&["review", "-"], Some(input.as_bytes()));
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.starts_with("tollgateprofile team-a/default: denied\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("TollgateProfile team-a/default: field `spec.validation.mode`: crosses a bound of the cluster's policy"),
+        "{text}"
+    );
+    assert!(
+        text.contains("spec.namespaceProfiles.mayLoosen: [validation]"),
+        "{text}"
+    );
+    // Its namespace is judged by the cluster's policy, as the server would judge it.
+    assert!(text.contains("pod team-a/notebook: denied\n"), "{text}");
+    // Alone, the profile is what is reviewed: still a failure.
+    let alone = tollgate(
+        &["review", "-", "--output", "json"],
+        Some(OUT_OF_BOUNDS.as_bytes()),
+    );
+    assert_eq!(alone.status.code(), Some(1), "{}", stderr(&alone));
+    let v: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
+    assert_eq!(v["decision"], "denied");
+    assert_eq!(v["reason"], "OutOfBounds");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("`spec.validation.mode`"),
+        "{v}"
+    );
+}
+
+#[test]
+fn policy_shows_each_value_and_where_it_came_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let objects = dir.path().join("objects.yaml");
+    std::fs::write(&objects, POLICY_OBJECTS).unwrap();
+    let file = dir.path().join("policy.yaml");
+    std::fs::write(&file, "validation:\n  requiredRequests: [cpu]\n").unwrap();
+    let (objects, file) = (objects.to_str().unwrap(), file.to_str().unwrap());
+    let out = tollgate(
+        &[
+            "policy",
+            "--policy",
+            file,
+            "-f",
+            objects,
+            "--namespace",
+            "team-a",
+        ],
+        None,
+    );
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert!(
+        text.starts_with(
+            "# The policy in force for the pods of namespace team-a: team-a/default.\n"
+        ),
+        "{text}"
+    );
+    for line in [
+        "  mode: \"warn\"  # from: TollgateProfile team-a/default",
+        &format!("  requiredRequests: [\"cpu\"]  # from: file {file}"),
+        "  mayLoosen: [\"validation\"]  # from: TollgatePolicy default",
+        "  annotation: \"tollgate.dev/opt-out\"  # from: built-in",
+        "      memory: \"128Gi\"  # from: TollgateProfile team-a/default",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} in:\n{text}");
+    }
+    // The text is the policy as YAML, comments aside.
+    let yaml: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    assert_eq!(yaml["validation"]["mode"], "warn");
+    // Another namespace gets the cluster's policy; the table says so too.
+    let table = tollgate(
+        &["policy", "-f", objects, "-n", "team-b", "-o", "table"],
+        None,
+    );
+    let text = stdout(&table);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("validation.mode "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(row.ends_with("  built-in"), "{row}");
+    assert!(row.contains("\"enforce\""), "{row}");
+    // The machine form.
+    let json = tollgate(
+        &["policy", "-f", objects, "-n", "team-a", "-o", "json"],
+        None,
+    );
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["policy"], "team-a/default");
+    let mode = v["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["path"] == "validation.mode")
+        .unwrap();
+    assert_eq!(mode["value"], "warn");
+    assert_eq!(
+        mode["source"],
+        serde_json::json!({"kind": "tollgateProfile", "name": "TollgateProfile team-a/default"})
+    );
+    assert_eq!(v["objects"][1]["ready"], true);
+    // An object that does not load: shown without it, said, exit 1; usage errors exit 2.
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, OUT_OF_BOUNDS).unwrap();
+    let out = tollgate(
+        &["policy", "-f", bad.to_str().unwrap(), "-n", "team-a"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("field `spec.validation.mode`"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains("the pods of namespace team-a: base."),
+        "{}",
+        stdout(&out)
+    );
+    let out = tollgate(&["policy", "--profile", "nope"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("no profile \"nope\""),
+        "{}",
+        stderr(&out)
+    );
+    let out = tollgate(&["policy", "-f", "does/not/exist.yaml"], None);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn policy_chooses_the_cluster_profile_the_pods_get() {
+    let objects = "apiVersion: tollgate.dev/v1alpha1
+kind: TollgatePolicy
+metadata:
+  name: default
+spec:
+  profiles:
+    - name: gpu-pool
+      match:
+        podSelector: {matchLabels: {pool: gpu}}
+      feasibility: {mode: enforce}
+";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("objects.yaml");
+    std::fs::write(&path, objects).unwrap();
+    let p = path.to_str().unwrap();
+    let out = tollgate(
+        &["policy", "-f", p, "-n", "ml", "--pod-labels", "pool=gpu"],
+        None,
+    );
+    let text = stdout(&out);
+    assert!(text.contains("namespace ml: gpu-pool."), "{text}");
+    assert!(
+        text.contains("  mode: \"enforce\"  # from: profile gpu-pool (in TollgatePolicy default)"),
+        "{text}"
+    );
+    let out = tollgate(&["policy", "-f", p, "-n", "ml"], None);
+    assert!(
+        stdout(&out).contains("namespace ml: base."),
+        "{}",
+        stdout(&out)
+    );
+    let out = tollgate(
+        &["policy", "-f", p, "--profile", "gpu-pool", "-o", "table"],
+        None,
+    );
+    assert!(stdout(&out).contains("profile gpu-pool (in TollgatePolicy default)"));
+}
+
+#[test]
+fn export_names_the_profiles_it_does_not_cover() {
+    let dir = tempfile::tempdir().unwrap();
+    let objects = dir.path().join("objects.yaml");
+    std::fs::write(&objects, POLICY_OBJECTS).unwrap();
+    let o = objects.to_str().unwrap();
+    let out = tollgate(&["export", "validating-admission-policy", "-f", o], None);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let yaml = stdout(&out);
+    let header: Vec<&str> = yaml.lines().take_while(|l| l.starts_with('#')).collect();
+    assert!(
+        header[0].contains("with TollgatePolicy default"),
+        "{header:#?}"
+    );
+    assert!(
+        header
+            .iter()
+            .any(|l| l.starts_with("# Not covered") && l.ends_with(": team-a/default.")),
+        "{header:#?}"
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "not exported (namespaceProfiles): not exported: TollgateProfile team-a/default"
+        ),
+        "{err}"
+    );
+    // It is what the policy asks for and the export leaves out.
+    let strict = tollgate(
+        &["export", "validating-admission-policy", "-f", o, "--strict"],
+        None,
+    );
+    assert_eq!(strict.status.code(), Some(1));
+    assert!(strict.stdout.is_empty());
+}

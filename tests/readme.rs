@@ -39,6 +39,7 @@ fn cli_reference_names_every_flag_of_every_command() {
         "certs",
         "register",
         "export validating-admission-policy",
+        "policy",
     ] {
         assert!(
             text.contains(&format!("### `tollgate {cmd}")),
@@ -83,4 +84,43 @@ fn serve_without_certificates_names_the_missing_flag() {
     let err = String::from_utf8(out.stderr).unwrap();
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("--tls-cert") && err.contains("--dev"), "{err}");
+}
+
+/// The policy section's TollgatePolicy and TollgateProfile are in force together, and
+/// `tollgate policy`'s example prints what the command prints for them.
+#[test]
+fn the_policy_objects_example_is_what_tollgate_policy_prints() {
+    let text = readme();
+    let objects = text
+        .split("```yaml\napiVersion: tollgate.dev/v1alpha1\nkind: TollgatePolicy\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .map(|s| format!("apiVersion: tollgate.dev/v1alpha1\nkind: TollgatePolicy\n{s}"))
+        .expect("the policy section's example objects");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("objects.yaml");
+    std::fs::write(&path, &objects).unwrap();
+    let example = text
+        .split("$ tollgate policy -f objects.yaml --namespace team-a -o table | grep -v ' built-in$'\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("the console example of tollgate policy");
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["policy", "-f", path.to_str().unwrap()])
+        .args(["--namespace", "team-a", "-o", "table"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: String = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.ends_with(" built-in"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(printed, example);
 }

@@ -127,13 +127,31 @@ pub struct ClusterWide {
     pub device_classes: Option<Arc<BTreeSet<String>>>,
 }
 
-/// Whether the policy, or one of its profiles, judges feasibility.
+/// Whether the policy, one of its profiles, or a namespace's TollgateProfile over either,
+/// judges feasibility.
 pub fn judges_feasibility(policy: &Policy) -> bool {
-    policy.feasibility.mode != FeasibilityMode::Off
-        || policy.profiles.iter().any(|p| {
-            p.policy()
-                .is_some_and(|p| p.feasibility.mode != FeasibilityMode::Off)
-        })
+    every_policy(policy).any(|p| p.feasibility.mode != FeasibilityMode::Off)
+}
+
+/// The base policy, its profiles' and the namespaces' TollgateProfiles', resolved.
+fn every_policy(policy: &Policy) -> impl Iterator<Item = &Policy> {
+    let profiles = policy.profiles.iter().filter_map(|p| p.policy());
+    let namespaces = policy.layers.namespaces.values().flat_map(|n| {
+        std::iter::once(n.over_base.policy.as_ref())
+            .chain(n.over_profiles.iter().flatten().map(|r| r.policy.as_ref()))
+    });
+    std::iter::once(policy).chain(profiles).chain(namespaces)
+}
+
+/// The policies the pods and workloads of `namespace` may get: the base, and its
+/// TollgateProfile's over it, where it has one.
+fn in_namespace<'p>(policy: &'p Policy, namespace: &str) -> Vec<&'p Policy> {
+    let mut out = vec![policy];
+    if let Some(n) = policy.layers.namespaces.get(namespace) {
+        out.push(&n.over_base.policy);
+        out.extend(n.over_profiles.iter().flatten().map(|r| r.policy.as_ref()));
+    }
+    out
 }
 
 /// Reads what [`ClusterWide`] holds: discovery, then (when the policy judges feasibility)
@@ -312,8 +330,9 @@ pub async fn context(
             }
         }
     }
-    let trainjobs =
-        policy.workloads.enabled && policy.workloads.kinds.iter().any(|k| k.from.is_some());
+    let trainjobs = in_namespace(policy, &ns.name)
+        .iter()
+        .any(|p| p.workloads.enabled && p.workloads.kinds.iter().any(|k| k.from.is_some()));
     if trainjobs {
         for (resource, namespace) in [
             (TRAINING_RUNTIMES, Some(ns.name.as_str())),
@@ -381,6 +400,77 @@ async fn runtimes(
     }
 }
 
+/// The cluster's TollgatePolicy and the TollgateProfiles of `scope` (its namespace, or
+/// all), as JSON, composed with the file into the policy the namespaces are audited with;
+/// and, for each kind the identity may not list, why (the audit then runs without it).
+/// None where the cluster does not serve them (their CRDs not installed): asked of
+/// discovery first, since the apiserver answers a list of a resource it does not serve
+/// with 403, not 404, to an identity no rule lets list it.
+pub async fn policy_objects(
+    a: &Auditor,
+    scope: &Namespaces,
+) -> Result<(Vec<Value>, Vec<String>), AuditError> {
+    use tollgate_core::objects::{
+        GROUP, POLICY_KIND, POLICY_PLURAL, PROFILE_KIND, PROFILE_PLURAL, VERSION,
+    };
+    // GROUP/VERSION, as discovery names it (a &'static str).
+    const SERVED: &str = "tollgate.dev/v1alpha1";
+    debug_assert_eq!(SERVED, format!("{GROUP}/{VERSION}"));
+    let served = dra::newest_served(&a.client, &[SERVED])
+        .await
+        .map_err(|e| {
+            classify(
+                &a.url,
+                Needs {
+                    verb: "get",
+                    resource: "the API discovery (/apis)",
+                    namespace: None,
+                },
+                e,
+            )
+        })?;
+    if served.is_none() {
+        return Ok((vec![], vec![]));
+    }
+    let namespace = match scope {
+        Namespaces::All => None,
+        Namespaces::One(ns) => Some(ns.as_str()),
+    };
+    let mut out = vec![];
+    let mut unread = vec![];
+    for (kind, plural, namespace) in [
+        (POLICY_KIND, POLICY_PLURAL, None),
+        (PROFILE_KIND, PROFILE_PLURAL, namespace),
+    ] {
+        let gvk = kube::api::GroupVersionKind::gvk(GROUP, VERSION, kind);
+        let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+        match raw_pages(a, &resource, namespace, |item| out.push(item)).await {
+            Ok(()) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                let needs = Needs {
+                    verb: "list",
+                    resource: plural,
+                    namespace,
+                };
+                unread.push(format!("{} ({})", needs.describe(), s.message));
+            }
+            Err(e) => {
+                return Err(classify(
+                    &a.url,
+                    Needs {
+                        verb: "list",
+                        resource: plural,
+                        namespace,
+                    },
+                    e,
+                ))
+            }
+        }
+    }
+    Ok((out, unread))
+}
+
 /// Each object of `resource` (in `namespace`, or all), a page at a time, as JSON with the
 /// `apiVersion` and `kind` list items lack and without managedFields.
 async fn raw_pages(
@@ -413,17 +503,24 @@ async fn raw_pages(
     }
 }
 
-/// The kinds an audit judges under `policy`: pods, then the workload kinds it lists
-/// (Jobs, Deployments, PyTorchJobs, ...; `workloads.kinds`, when `workloads.enabled`), each
-/// judged by the pods its templates will make. Their plural is the lower-cased kind and
-/// `s`, as for every kind the policy ships and the webhooks register (`tests/deploy.rs`).
-pub fn kinds(policy: &Policy) -> Vec<ApiResource> {
+/// The kinds an audit judges in `namespace` under `policy`: pods, then the workload kinds
+/// it lists (Jobs, Deployments, PyTorchJobs, ...; `workloads.kinds`, when
+/// `workloads.enabled`), and those the namespace's TollgateProfile adds, each judged by
+/// the pods its templates will make. Their plural is the lower-cased kind and `s`, as for
+/// every kind the policy ships and the webhooks register (`tests/deploy.rs`).
+pub fn kinds(policy: &Policy, namespace: &str) -> Vec<ApiResource> {
     let mut out = vec![ApiResource::erase::<Pod>(&())];
-    if policy.workloads.enabled {
-        for k in &policy.workloads.kinds {
+    for p in in_namespace(policy, namespace) {
+        if !p.workloads.enabled {
+            continue;
+        }
+        for k in &p.workloads.kinds {
             let gvk = kube::api::GroupVersionKind::gvk(&k.group, &k.version, &k.kind);
             let plural = format!("{}s", k.kind.to_ascii_lowercase());
-            out.push(ApiResource::from_gvk_with_plural(&gvk, &plural));
+            let resource = ApiResource::from_gvk_with_plural(&gvk, &plural);
+            if !out.contains(&resource) {
+                out.push(resource);
+            }
         }
     }
     out

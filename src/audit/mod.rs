@@ -404,7 +404,7 @@ impl Auditor {
                 &local
             }
         };
-        for kind in list::kinds(policy) {
+        for kind in list::kinds(policy, &namespace.name) {
             let is_pod = kind.kind == "Pod" && kind.group.is_empty();
             if !is_pod && self.is_absent(&kind) {
                 continue;

@@ -1,10 +1,13 @@
-//! `tollgate audit`: the pods of a live cluster, each judged as a CREATE of it would be.
+//! `tollgate audit`: the pods of a live cluster, each judged as a CREATE of it would be,
+//! with the policy the server would have in force: the file, the cluster's TollgatePolicy
+//! and each namespace's TollgateProfile (or those given with `-f`), composed.
 
 use std::io::{BufWriter, IsTerminal as _};
 use std::path::PathBuf;
 
 use clap::Args;
 
+use super::objects::PolicyObjects;
 use crate::audit::output::{Format, Progress, Writer};
 use crate::audit::{AuditError, Auditor, Namespaces, Totals, Unpaced};
 use crate::kubeconfig::{load_client_config, KubeconfigSources};
@@ -28,8 +31,15 @@ pub struct AuditArgs {
     #[arg(short = 'l', long)]
     pub selector: Option<String>,
     /// Policy file (YAML) [default: the built-in policy, a copy of policies/default.yaml].
+    /// The cluster's TollgatePolicy and TollgateProfiles, where it serves them, are
+    /// composed with it, as the server composes them.
     #[arg(long)]
     pub policy: Option<PathBuf>,
+    /// A TollgatePolicy and TollgateProfiles to audit with as if they were applied: a file
+    /// or a directory of .yaml, .yml and .json files; each replaces the cluster's object of
+    /// the same name (repeatable). Other objects in them are left out.
+    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    pub files: Vec<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub output: Format,
@@ -38,8 +48,9 @@ pub struct AuditArgs {
 /// What to do when no cluster is found.
 const NO_CLUSTER: &str = "tollgate audit reads a cluster: set KUBECONFIG or pass --kubeconfig";
 
-/// Runs `tollgate audit`; the exit status: 0 nothing would be refused, 1 something would,
-/// 2 unusable input (the policy, the kubeconfig, the cluster unreachable or forbidding).
+/// Runs `tollgate audit`; the exit status: 0 nothing would be refused, 1 something would
+/// (an object, or a TollgatePolicy or TollgateProfile that does not load), 2 unusable
+/// input (the policy, the kubeconfig, the cluster unreachable or forbidding).
 pub fn run(a: &AuditArgs) -> i32 {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -52,7 +63,7 @@ pub fn run(a: &AuditArgs) -> i32 {
         }
     };
     match runtime.block_on(audit(a)) {
-        Ok(totals) if totals.refused > 0 => 1,
+        Ok((totals, objects_ok)) if totals.refused > 0 || !objects_ok => 1,
         Ok(_) => 0,
         Err(message) => {
             eprintln!("tollgate: {message}");
@@ -61,8 +72,11 @@ pub fn run(a: &AuditArgs) -> i32 {
     }
 }
 
-async fn audit(a: &AuditArgs) -> Result<Totals, String> {
-    let policy = super::review::load_policy(a.policy.as_deref())?;
+async fn audit(a: &AuditArgs) -> Result<(Totals, bool), String> {
+    let file = super::objects::file_layer(a.policy.as_deref())?;
+    // A file that does not load is unusable before the cluster is asked anything.
+    super::objects::compose(file.as_ref(), &PolicyObjects::default())?;
+    let given = super::policy::read_objects(&a.files, a.namespace.as_deref())?;
     let sources = KubeconfigSources::from_process_env(a.kubeconfig.clone());
     let config = load_client_config(&sources, a.context.as_deref(), NO_CLUSTER)
         .await
@@ -77,6 +91,28 @@ async fn audit(a: &AuditArgs) -> Result<Totals, String> {
         .map_err(|e| format!("creating a client for the API server at {url}: {e}"))?;
     let mut auditor = Auditor::new(client, url);
     auditor.selector.clone_from(&a.selector);
+    // The policy in force: the file, with the cluster's TollgatePolicy and TollgateProfiles
+    // (those given replacing them), so that each namespace is judged with its profile.
+    let (listed, unread) = crate::audit::list::policy_objects(&auditor, &scope)
+        .await
+        .map_err(|e| e.to_string())?;
+    for why in unread {
+        eprintln!(
+            "tollgate: audited without the cluster's objects of a kind it may not read: {why}"
+        );
+    }
+    let mut found = PolicyObjects::default();
+    for object in &listed {
+        found.add("the cluster", object);
+    }
+    found.overlay(given);
+    let composed = super::objects::compose(file.as_ref(), &found)?;
+    let objects_ok = composed.statuses.iter().all(|s| s.ready);
+    for s in composed.statuses.iter().filter(|s| !s.ready) {
+        let origin = found.origin(s).unwrap_or("the cluster");
+        eprintln!("tollgate: {origin}: {}", s.message);
+    }
+    let policy = composed.policy;
     let progress = Progress::new(std::io::stderr().is_terminal());
     let stdout = std::io::stdout();
     let terminal = stdout.is_terminal();
@@ -91,7 +127,7 @@ async fn audit(a: &AuditArgs) -> Result<Totals, String> {
     }
     let totals = result.map_err(|e| e.to_string())?;
     writer.finish(&totals).map_err(|e| e.to_string())?;
-    Ok(totals)
+    Ok((totals, objects_ok))
 }
 
 async fn run_audit<W: std::io::Write>(

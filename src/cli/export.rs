@@ -28,6 +28,12 @@ pub struct VapArgs {
     /// Policy file (YAML) [default: the built-in policy, a copy of policies/default.yaml].
     #[arg(long)]
     pub policy: Option<PathBuf>,
+    /// A TollgatePolicy and TollgateProfiles to compose with the file, as the server
+    /// composes them: a file or a directory, such as the output of `kubectl get
+    /// tollgatepolicies,tollgateprofiles -A -o yaml` (repeatable). The export covers the
+    /// cluster's policy; the TollgateProfiles it does not cover are named.
+    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    pub files: Vec<PathBuf>,
     /// tollgate's namespace, never selected (like kube-system), as with `tollgate register`.
     #[arg(long, value_name = "NS", default_value = "tollgate-system")]
     pub namespace: String,
@@ -46,22 +52,12 @@ pub fn run(a: &ExportArgs) -> i32 {
 }
 
 fn run_vap(a: &VapArgs) -> i32 {
-    let (policy, source) = match &a.policy {
-        Some(path) => {
-            let loaded = std::fs::read_to_string(path)
-                .map_err(|e| format!("{}: {e}", path.display()))
-                .and_then(|text| {
-                    Policy::from_text(&path.display().to_string(), &text).map_err(|e| e.to_string())
-                });
-            match loaded {
-                Ok(p) => (p, path.display().to_string()),
-                Err(e) => {
-                    eprintln!("tollgate: {e}");
-                    return 2;
-                }
-            }
+    let (policy, source) = match composed(a) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("tollgate: {e}");
+            return 2;
         }
-        None => (Policy::builtin(), BUILTIN_SOURCE.to_owned()),
     };
     let namespace_selector = match crate::register::validating_namespace_selector(&a.namespace) {
         Ok(s) => s,
@@ -99,4 +95,25 @@ fn run_vap(a: &VapArgs) -> i32 {
     );
     print!("{}", out.yaml);
     0
+}
+
+/// The file (or the built-in policy) and the objects given, composed; and how the
+/// header names it. An object that does not load is not applied, as the server would not
+/// apply it, and said so.
+fn composed(a: &VapArgs) -> Result<(Policy, String), String> {
+    let file = super::objects::file_layer(a.policy.as_deref())?;
+    let found = super::policy::read_objects(&a.files, None)?;
+    let composed = super::objects::compose(file.as_ref(), &found)?;
+    for s in composed.statuses.iter().filter(|s| !s.ready) {
+        eprintln!("tollgate export: not applied: {}", s.message);
+    }
+    let mut source = a
+        .policy
+        .as_ref()
+        .map_or_else(|| BUILTIN_SOURCE.to_owned(), |p| p.display().to_string());
+    if let Some(c) = &composed.policy.layers.cluster {
+        let origin = found.cluster.as_ref().map_or("", |(o, _)| o.as_str());
+        source = format!("{source} with {} ({origin})", c.source);
+    }
+    Ok((composed.policy, source))
 }

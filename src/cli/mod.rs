@@ -1,11 +1,14 @@
-//! The command line: `serve`, `review`, `audit`, `certs`, `register` and `export`.
+//! The command line: `serve`, `review`, `audit`, `certs`, `register`, `export` and `policy`.
 
 mod audit;
 mod export;
+mod objects;
+mod policy;
 mod review;
 
 pub use audit::AuditArgs;
 pub use export::{ExportArgs, ExportCommand, VapArgs};
+pub use policy::PolicyArgs;
 pub use review::{
     add_context, documents, read, run_review, split, synthetic_review, CliResult, Entered, Entry,
     Input, Output, ReviewArgs, Skipped, Stage,
@@ -47,6 +50,10 @@ pub enum Command {
     Register(crate::register::RegisterArgs),
     /// Write the policy in another form (its validation as a ValidatingAdmissionPolicy).
     Export(ExportArgs),
+    /// Show the policy in force for a namespace's pods, and where each value came from:
+    /// the built-in policy, the file, the TollgatePolicy, a cluster profile, the
+    /// namespace's TollgateProfile.
+    Policy(PolicyArgs),
 }
 
 #[derive(Args, Debug)]
@@ -227,6 +234,7 @@ pub fn main() -> i32 {
         Command::Review(a) => review::run(&a),
         Command::Audit(a) => audit::run(&a),
         Command::Export(a) => export::run(&a),
+        Command::Policy(a) => policy::run(&a),
         Command::Register(a) => {
             let result = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -9,7 +9,13 @@
 //! ResourceClaimTemplates (`resource.k8s.io` v1, v1beta2 or v1beta1, read as v1) and
 //! Namespaces are the cluster context they are reviewed in (a DRA Job's file checked as it
 //! is, its claim template beside it); an object written without a namespace lands in
-//! `--namespace`, else `default`, as kubectl puts it. Any other object (a Service, a
+//! `--namespace`, else `default`, as kubectl puts it. A TollgatePolicy and TollgateProfiles
+//! (`tollgate.dev/v1alpha1`), in the input or in `--cluster-state`, are the policy: composed
+//! with the file (or the built-in policy) as the server composes them (`cli::objects`)
+//! before anything else is reviewed, so that a namespace's pods are judged with its
+//! profile; each is listed as in force, or denied (exit 1) naming the field and the bound
+//! when the webhook would refuse it, and the pods of its namespace are then judged by the
+//! cluster's policy, as the server would judge them. Any other object (a Service, a
 //! ConfigMap) is listed as not reviewed, and changes nothing about the exit status. What the
 //! input does not hold does not exist, as far as the review knows.
 
@@ -22,7 +28,9 @@ use k8s_openapi::api::core::v1::Namespace;
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 
+use super::objects::{self, PolicyObjects};
 use tollgate_core::cluster::{self, Cluster, Objects};
+use tollgate_core::objects::ObjectStatus;
 pub use tollgate_core::pipeline::synthetic_review;
 use tollgate_core::pipeline::{self, group_version};
 use tollgate_core::policy::Policy;
@@ -49,17 +57,19 @@ pub enum Stage {
 #[derive(Args, Debug)]
 pub struct ReviewArgs {
     /// Pods and workloads (YAML or JSON) or AdmissionReviews (JSON), with the
-    /// ResourceClaims, ResourceClaimTemplates and Namespaces they refer to: a file, a
-    /// directory of .yaml, .yml and .json files (as `kubectl apply -f DIR`), or "-" for
-    /// standard input. Other objects are listed as not reviewed.
+    /// ResourceClaims, ResourceClaimTemplates and Namespaces they refer to, and the
+    /// TollgatePolicy and TollgateProfiles to judge them with: a file, a directory of
+    /// .yaml, .yml and .json files (as `kubectl apply -f DIR`), or "-" for standard input.
+    /// Other objects are listed as not reviewed.
     pub file: String,
     /// With a directory: its subdirectories too.
     #[arg(short = 'R', long)]
     pub recursive: bool,
     /// A saved picture of the cluster to review against: its Nodes, ResourceQuotas and
     /// DeviceClasses (and claims, namespaces and Kueue's LocalQueues and ClusterQueues),
-    /// such as the output of `kubectl get nodes,resourcequotas,deviceclasses -A -o yaml`.
-    /// Other objects in it are left out.
+    /// such as the output of `kubectl get nodes,resourcequotas,deviceclasses -A -o yaml`;
+    /// its TollgatePolicy and TollgateProfiles are composed with the policy (those of the
+    /// input replace them). Other objects in it are left out.
     #[arg(long, value_name = "FILE")]
     pub cluster_state: Option<PathBuf>,
     /// Policy file (YAML) [default: the built-in policy, a copy of policies/default.yaml].
@@ -89,7 +99,7 @@ pub struct ReviewArgs {
     pub namespace_labels: Option<BTreeMap<String, String>>,
 }
 
-fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
+pub(super) fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
     let mut out = BTreeMap::new();
     for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (k, v) = pair
@@ -122,20 +132,8 @@ pub fn run(a: &ReviewArgs) -> i32 {
     }
 }
 
-/// `--policy FILE`, or the built-in policy; an error is the one line to show.
-pub fn load_policy(path: Option<&std::path::Path>) -> Result<Policy, String> {
-    match path {
-        Some(path) => {
-            let text =
-                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            Policy::from_text(&path.display().to_string(), &text).map_err(|e| e.to_string())
-        }
-        None => Ok(Policy::builtin()),
-    }
-}
-
 fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
-    let policy = load_policy(a.policy.as_deref()).map_err(Unusable)?;
+    let file = objects::file_layer(a.policy.as_deref()).map_err(Unusable)?;
     let files = inputs(a)?;
     let many = files.len() > 1 || Path::new(&a.file).is_dir();
     let default_ns = a.namespace.as_deref().unwrap_or("default");
@@ -146,20 +144,34 @@ fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
             docs.push((name.as_str(), d));
         }
     }
-    let mut input = split(docs, &policy, default_ns).map_err(Unusable)?;
+    // The policy objects are context for everything else: taken out and composed first,
+    // those of the input over those of the saved cluster state.
+    let mut found = PolicyObjects::default();
+    let mut state = vec![];
     if let Some(path) = &a.cluster_state {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| Unusable(format!("{name}: {e}")))?;
-        for (i, d) in read(&text, default_ns)
-            .map_err(|e| Unusable(format!("{name}: {e}")))?
-            .iter()
-            .enumerate()
-        {
+        let docs = read(&text, default_ns).map_err(|e| Unusable(format!("{name}: {e}")))?;
+        for (i, d) in docs.into_iter().enumerate() {
+            if !found.add(&name, &d) {
+                state.push((i, d));
+            }
+        }
+    }
+    let mut in_input = PolicyObjects::default();
+    docs.retain(|(name, d)| !in_input.add(name, d));
+    found.overlay(in_input);
+    let composed = objects::compose(file.as_ref(), &found).map_err(Unusable)?;
+    let policy = composed.policy;
+    let mut input = split(docs, &policy, default_ns).map_err(Unusable)?;
+    if let Some(path) = &a.cluster_state {
+        let name = path.display().to_string();
+        for (i, d) in &state {
             add_context(&mut input.context, d)
                 .map_err(|e| Unusable(format!("{name}: document {}: {e}", i + 1)))?;
         }
     }
-    if input.entries.is_empty() && input.context_only.is_empty() {
+    if input.entries.is_empty() && input.context_only.is_empty() && composed.statuses.is_empty() {
         return Err(Unusable(format!(
             "{}: nothing to review: no Pod, workload or AdmissionReview",
             a.file
@@ -177,7 +189,15 @@ fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
             })
             .collect();
     }
-    let mut results = Vec::with_capacity(input.entries.len());
+    let mut results = Vec::with_capacity(composed.statuses.len() + input.entries.len());
+    // The policy objects first: what the rest is judged with.
+    for status in &composed.statuses {
+        let mut result = CliResult::policy_object(status);
+        if many || a.cluster_state.is_some() {
+            result.file = found.origin(status).map(str::to_owned);
+        }
+        results.push(result);
+    }
     for entry in &input.entries {
         let mut result = match &entry.what {
             Entry::Subject(subject) => {
@@ -259,7 +279,11 @@ fn inputs(a: &ReviewArgs) -> Result<Vec<(String, String)>, Unusable> {
 
 /// The `.yaml`, `.yml` and `.json` files of `dir`, sorted by path; those of its
 /// subdirectories too when `recursive`.
-fn manifest_files(dir: &Path, recursive: bool, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+pub(super) fn manifest_files(
+    dir: &Path,
+    recursive: bool,
+    out: &mut Vec<PathBuf>,
+) -> std::io::Result<()> {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)?
         .map(|e| e.map(|e| e.path()))
         .collect::<Result<_, _>>()?;
@@ -351,6 +375,7 @@ const CLUSTER_SCOPED: &[&str] = &[
     "ResourceSlice",
     "RuntimeClass",
     "StorageClass",
+    "TollgatePolicy",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
     "ValidatingWebhookConfiguration",
@@ -452,7 +477,7 @@ pub fn add_context(context: &mut Objects, doc: &Value) -> Result<bool, String> {
 }
 
 /// Set by the apiserver on every namespace: selectors may rely on it.
-const NAME_LABEL: &str = "kubernetes.io/metadata.name";
+pub(super) const NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// An input's documents: what is reviewed (and what is not), and the cluster context it
 /// is reviewed in.
@@ -654,6 +679,8 @@ pub struct CliResult {
     pub file: Option<String>,
     /// An object not reviewed, and why.
     pub skipped: Option<Skipped>,
+    /// A TollgatePolicy or TollgateProfile: what became of it (in force, or why not).
+    pub policy_object: Option<ObjectStatus>,
 }
 
 impl CliResult {
@@ -676,7 +703,26 @@ impl CliResult {
             templates: vec![],
             file: None,
             skipped: Some(s.clone()),
+            policy_object: None,
         }
+    }
+
+    /// A TollgatePolicy or TollgateProfile composed with the policy: allowed when it is in
+    /// force, denied (as the validating webhook would deny it) when it is not, in its
+    /// status's words (the object, the field, the bound).
+    pub fn policy_object(s: &ObjectStatus) -> CliResult {
+        let mut r = CliResult::skipped(&Skipped {
+            kind: String::new(),
+            api_version: String::new(),
+            namespace: s.namespace.clone(),
+            name: s.name.clone(),
+            reason: String::new(),
+        });
+        r.skipped = None;
+        r.allowed = s.ready;
+        r.message = (!s.ready).then(|| s.message.clone());
+        r.policy_object = Some(s.clone());
+        r
     }
 
     pub fn to_json(&self) -> Value {
@@ -688,6 +734,17 @@ impl CliResult {
     }
 
     fn json(&self) -> Value {
+        if let Some(s) = &self.policy_object {
+            let mut v = objects::status_json(s);
+            if let Value::Object(m) = &mut v {
+                m.insert(
+                    "decision".into(),
+                    Value::from(if s.ready { "allowed" } else { "denied" }),
+                );
+                m.insert("allowed".into(), Value::from(s.ready));
+            }
+            return v;
+        }
         if let Some(s) = &self.skipped {
             return json!({
                 "decision": "skipped",
@@ -741,6 +798,13 @@ impl CliResult {
             .as_deref()
             .map(|f| format!("{f}: "))
             .unwrap_or_default();
+        if let Some(s) = &self.policy_object {
+            let object = objects::status_object(s).to_ascii_lowercase();
+            if s.ready {
+                return format!("{from}{object}: {}\n", s.message);
+            }
+            return format!("{from}{object}: denied\n\n{}\n", s.message);
+        }
         if let Some(s) = &self.skipped {
             return format!(
                 "{from}{} {}/{} ({}): not reviewed: {}\n",
@@ -863,6 +927,7 @@ impl CliResult {
             templates: vec![],
             file: None,
             skipped: None,
+            policy_object: None,
         };
         if let Some(r) = &judged.mutate {
             result.patch = r.patch();

@@ -1,0 +1,119 @@
+//! The policy as the commands read it outside the server: the file (`--policy`) and the
+//! TollgatePolicy and TollgateProfiles (`tollgate.dev/v1alpha1`) found in their input,
+//! composed by the engine (`objects::compose`) as the server composes the watched ones.
+//!
+//! A command has no last good spec of an object (the server keeps it, across its own
+//! compositions): an object that does not load is not applied, and its status says so.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::Value;
+
+use tollgate_core::objects::{
+    self, Candidate, Composed, ObjectStatus, Stored, GROUP, POLICY_KIND, PROFILE_KIND, VERSION,
+};
+use tollgate_core::policy::Written;
+
+/// Whether `doc` is a TollgatePolicy or TollgateProfile of the served version.
+pub fn is_policy_object(doc: &Value) -> bool {
+    let api = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
+    api.split_once('/') == Some((GROUP, VERSION)) && matches!(kind, POLICY_KIND | PROFILE_KIND)
+}
+
+/// The TollgatePolicy and TollgateProfiles of an input, each with where it was read; a
+/// later one replaces an earlier one of the same name, as a later `kubectl apply` does.
+#[derive(Debug, Default)]
+pub struct PolicyObjects {
+    pub cluster: Option<(String, Stored)>,
+    /// By namespace and name.
+    pub profiles: BTreeMap<(String, String), (String, Stored)>,
+}
+
+impl PolicyObjects {
+    /// Takes `doc` if it is one of the two kinds; false otherwise.
+    pub fn add(&mut self, origin: &str, doc: &Value) -> bool {
+        if !is_policy_object(doc) {
+            return false;
+        }
+        let mut stored = Stored::from_object(doc);
+        if doc.get("kind").and_then(Value::as_str) == Some(POLICY_KIND) {
+            // Cluster-scoped: a namespace written on it is not the object's.
+            stored.namespace.clear();
+            self.cluster = Some((origin.to_owned(), stored));
+        } else {
+            let key = (stored.namespace.clone(), stored.name.clone());
+            self.profiles.insert(key, (origin.to_owned(), stored));
+        }
+        true
+    }
+
+    /// `other`'s objects over these: what an input says replaces what a saved cluster
+    /// state (or the cluster) holds.
+    pub fn overlay(&mut self, other: PolicyObjects) {
+        if other.cluster.is_some() {
+            self.cluster = other.cluster;
+        }
+        self.profiles.extend(other.profiles);
+    }
+
+    /// Where the object a status is about was read.
+    pub fn origin(&self, status: &ObjectStatus) -> Option<&str> {
+        if status.namespace.is_empty() {
+            return self.cluster.as_ref().map(|(o, _)| o.as_str());
+        }
+        self.profiles
+            .get(&(status.namespace.clone(), status.name.clone()))
+            .map(|(o, _)| o.as_str())
+    }
+}
+
+/// `--policy FILE` as a layer (None: the built-in policy); an error is the one line to show.
+pub fn file_layer(path: Option<&Path>) -> Result<Option<Written>, String> {
+    let Some(path) = path else { return Ok(None) };
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    objects::file_layer(&path.display().to_string(), &text)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+/// The file and the objects composed into the policy in force, with each object's status.
+pub fn compose(file: Option<&Written>, found: &PolicyObjects) -> Result<Composed, String> {
+    fn candidate(s: &Stored) -> Candidate<'_> {
+        Candidate {
+            stored: s,
+            last_good: None,
+        }
+    }
+    let cluster = found.cluster.as_ref().map(|(_, s)| s);
+    let profiles: Vec<Candidate<'_>> = found.profiles.values().map(|(_, s)| candidate(s)).collect();
+    objects::compose(file, cluster.map(candidate), &profiles).map_err(|e| e.to_string())
+}
+
+/// The object a status is about, as kubectl names it: `TollgateProfile team-a/default`.
+pub fn status_object(s: &ObjectStatus) -> String {
+    if s.namespace.is_empty() {
+        format!("{POLICY_KIND} {}", s.name)
+    } else {
+        format!("{PROFILE_KIND} {}/{}", s.namespace, s.name)
+    }
+}
+
+/// A status in the machine form of the commands' JSON output.
+pub fn status_json(s: &ObjectStatus) -> Value {
+    serde_json::json!({
+        "kind": if s.namespace.is_empty() { POLICY_KIND } else { PROFILE_KIND },
+        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "namespace": s.namespace,
+        "name": s.name,
+        "ready": s.ready,
+        "reason": s.reason,
+        "message": s.message,
+        "inForce": match s.in_force {
+            objects::InForce::Current => "current",
+            objects::InForce::LastGood => "lastGood",
+            objects::InForce::Nothing => "nothing",
+        },
+    })
+}

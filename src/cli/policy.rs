@@ -1,0 +1,286 @@
+//! `tollgate policy`: the policy in force for a namespace's pods, value by value, and where
+//! each value came from (the built-in policy, the file, the TollgatePolicy, a cluster
+//! profile, the namespace's TollgateProfile). The engine says where (`objects::explain`);
+//! this reads the files and prints.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, ValueEnum};
+use serde_json::{json, Value};
+
+use super::objects::{self, PolicyObjects};
+use tollgate_core::cluster::Objects;
+use tollgate_core::objects::explain::{self, Explained, Leaf};
+use tollgate_core::policy::Policy;
+use tollgate_core::profile::{self, PodLabels};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// The policy as YAML, each value with a `# from:` comment.
+    Yaml,
+    /// One line a value: path, value, source.
+    Table,
+    /// One JSON object: the layers, each value with its source, the objects' statuses.
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct PolicyArgs {
+    /// Policy file (YAML) [default: the built-in policy, a copy of policies/default.yaml].
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// The TollgatePolicy and TollgateProfiles to compose with it: a file or a directory
+    /// of .yaml, .yml and .json files, such as the output of `kubectl get
+    /// tollgatepolicies,tollgateprofiles -A -o yaml` (repeatable; a later object replaces
+    /// an earlier one of the same name). Other objects in them are left out.
+    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+    /// The namespace whose pods' policy to show, with its TollgateProfile, if any
+    /// [default: the cluster's policy, as a namespace without a TollgateProfile gets it].
+    /// A TollgateProfile written without a namespace is in this one, else in "default".
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// The cluster profile (the policy's `profiles`) to show the policy of [default: the
+    /// one the pods of --namespace with --pod-labels and --namespace-labels get, else the
+    /// base].
+    #[arg(long, conflicts_with_all = ["pod_labels", "namespace_labels"])]
+    pub profile: Option<String>,
+    /// The labels of the pods, for the cluster profiles that match on them: `k=v,k2=v2`.
+    #[arg(long, value_parser = super::review::parse_labels, value_name = "LABELS")]
+    pub pod_labels: Option<BTreeMap<String, String>>,
+    /// The labels of --namespace, for the cluster profiles that match on them (its name
+    /// label is always set, as the apiserver sets it).
+    #[arg(long, value_parser = super::review::parse_labels, value_name = "LABELS", requires = "namespace")]
+    pub namespace_labels: Option<BTreeMap<String, String>>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Yaml)]
+    pub output: Format,
+}
+
+/// Runs `tollgate policy`; the exit status: 0 shown, 1 shown but an object given does not
+/// load (it is not applied, as the server would not apply it; its status is on standard
+/// error), 2 unusable input (the file, an object file, a profile that does not exist).
+pub fn run(a: &PolicyArgs) -> i32 {
+    match show(a) {
+        Ok((text, statuses_ok)) => {
+            print!("{text}");
+            if statuses_ok {
+                0
+            } else {
+                1
+            }
+        }
+        Err(e) => {
+            eprintln!("tollgate: {e}");
+            2
+        }
+    }
+}
+
+fn show(a: &PolicyArgs) -> Result<(String, bool), String> {
+    let file = objects::file_layer(a.policy.as_deref())?;
+    let found = read_objects(&a.files, a.namespace.as_deref())?;
+    let composed = objects::compose(file.as_ref(), &found)?;
+    for s in composed.statuses.iter().filter(|s| !s.ready) {
+        eprintln!("tollgate: {}", s.message);
+    }
+    let all_ready = composed.statuses.iter().all(|s| s.ready);
+    let policy = &composed.policy;
+    let chosen = match &a.profile {
+        Some(p) => Some(p.clone()),
+        None => a
+            .namespace
+            .as_deref()
+            .and_then(|ns| cluster_profile(policy, ns, a)),
+    };
+    let explained = explain::explain(policy, a.namespace.as_deref(), chosen.as_deref())
+        .map_err(|e| e.to_string())?;
+    let text = match a.output {
+        Format::Json => {
+            let mut s = serde_json::to_string_pretty(&to_json(&explained, a, &composed.statuses))
+                .unwrap_or_default();
+            s.push('\n');
+            s
+        }
+        Format::Yaml => header(&explained, a) + &tree(&explained.leaves),
+        Format::Table => header(&explained, a) + &table(&explained.leaves),
+    };
+    Ok((text, all_ready))
+}
+
+/// The TollgatePolicy and TollgateProfiles of `files` (each a file or a directory), a
+/// profile without a namespace in `namespace`, else `default`; what else they hold is
+/// left out, and said so on standard error.
+pub(super) fn read_objects(
+    files: &[PathBuf],
+    namespace: Option<&str>,
+) -> Result<PolicyObjects, String> {
+    let default_ns = namespace.unwrap_or("default");
+    let mut found = PolicyObjects::default();
+    let mut left_out = 0;
+    for path in files {
+        for (name, text) in read_files(path)? {
+            for d in super::review::read(&text, default_ns).map_err(|e| format!("{name}: {e}"))? {
+                if !found.add(&name, &d) {
+                    left_out += 1;
+                }
+            }
+        }
+    }
+    if left_out > 0 {
+        eprintln!(
+            "tollgate: {left_out} object(s) that are neither a TollgatePolicy nor a TollgateProfile (tollgate.dev/v1alpha1) left out"
+        );
+    }
+    Ok(found)
+}
+
+/// A file's text, or each manifest file's of a directory.
+fn read_files(path: &Path) -> Result<Vec<(String, String)>, String> {
+    let mut paths = vec![];
+    if path.is_dir() {
+        super::review::manifest_files(path, false, &mut paths)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    } else {
+        paths.push(path.to_owned());
+    }
+    paths
+        .into_iter()
+        .map(|p| {
+            let name = p.display().to_string();
+            std::fs::read_to_string(&p)
+                .map(|t| (name.clone(), t))
+                .map_err(|e| format!("{name}: {e}"))
+        })
+        .collect()
+}
+
+/// The cluster profile the pods of `namespace` with the labels given get, as the webhook
+/// chooses it (`profile::select`), over the policy without the namespaces' profiles (whose
+/// names would say which layer, not which cluster profile).
+fn cluster_profile(policy: &Policy, namespace: &str, a: &PolicyArgs) -> Option<String> {
+    let mut bare = policy.clone();
+    bare.layers.namespaces.clear();
+    let mut labels = a.namespace_labels.clone().unwrap_or_default();
+    labels.insert(super::review::NAME_LABEL.into(), namespace.to_owned());
+    let mut ns = k8s_openapi::api::core::v1::Namespace::default();
+    ns.metadata.name = Some(namespace.to_owned());
+    ns.metadata.labels = Some(labels);
+    let mut cluster = Objects::complete();
+    cluster.add_namespace(ns);
+    let selected = profile::select(
+        &bare,
+        namespace,
+        PodLabels::Parsed(a.pod_labels.as_ref()),
+        &cluster,
+    );
+    selected.profile.map(str::to_owned)
+}
+
+/// What the text forms open with: which pods, which policy, its layers.
+fn header(e: &Explained, a: &PolicyArgs) -> String {
+    let pods = match &a.namespace {
+        Some(ns) => format!("the pods of namespace {ns}"),
+        None => "the pods of a namespace without a TollgateProfile".to_owned(),
+    };
+    let layers: Vec<String> = e.layers.iter().map(ToString::to_string).collect();
+    format!(
+        "# The policy in force for {pods}: {}.\n# Layers, each over the one before: {}.\n",
+        e.name,
+        layers.join(", ")
+    )
+}
+
+/// A value on one line where it fits (a scalar, a list of scalars, an empty map), as JSON,
+/// which YAML reads too.
+fn inline(v: &Value) -> Option<String> {
+    let flat = match v {
+        Value::Array(items) => items.iter().all(|i| !i.is_object() && !i.is_array()),
+        Value::Object(m) => m.is_empty(),
+        _ => true,
+    };
+    flat.then(|| serde_json::to_string(v).unwrap_or_default())
+}
+
+/// A key as YAML writes it: plain where it can be, else quoted.
+fn key(k: &str) -> String {
+    let plain = !k.is_empty()
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '/' | '-' | '_'));
+    if plain {
+        k.to_owned()
+    } else {
+        serde_json::to_string(k).unwrap_or_default()
+    }
+}
+
+/// The policy as YAML, each value followed by where it came from.
+fn tree(leaves: &[Leaf]) -> String {
+    let mut out = String::new();
+    let mut open: Vec<String> = vec![];
+    for leaf in leaves {
+        let (last, parent) = leaf.path.split_last().expect("a value has a key");
+        let common = open.iter().zip(parent).take_while(|(x, y)| x == y).count();
+        for (depth, k) in parent.iter().enumerate().skip(common) {
+            out.push_str(&format!("{}{}:\n", "  ".repeat(depth), key(k)));
+        }
+        open = parent.to_vec();
+        let indent = "  ".repeat(parent.len());
+        let from = format!("# from: {}", leaf.source);
+        match inline(&leaf.value) {
+            Some(v) => out.push_str(&format!("{indent}{}: {v}  {from}\n", key(last))),
+            None => {
+                out.push_str(&format!("{indent}{}:  {from}\n", key(last)));
+                let yaml = serde_saphyr::to_string(&leaf.value).unwrap_or_default();
+                for line in yaml.lines() {
+                    out.push_str(&format!("{indent}  {line}\n"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `path  value  source`, one line a value.
+fn table(leaves: &[Leaf]) -> String {
+    let rows: Vec<(String, String, String)> = leaves
+        .iter()
+        .map(|l| {
+            (
+                l.dotted(),
+                serde_json::to_string(&l.value).unwrap_or_default(),
+                l.source.to_string(),
+            )
+        })
+        .collect();
+    let width = |f: fn(&(String, String, String)) -> usize, cap: usize| {
+        rows.iter().map(f).max().unwrap_or(0).clamp(5, cap)
+    };
+    let (pw, vw) = (width(|r| r.0.len(), 60), width(|r| r.1.len(), 40));
+    let mut out = format!("{:pw$}  {:vw$}  SOURCE\n", "PATH", "VALUE");
+    for (p, v, s) in rows {
+        out.push_str(&format!("{p:pw$}  {v:vw$}  {s}\n"));
+    }
+    out
+}
+
+fn to_json(
+    e: &Explained,
+    a: &PolicyArgs,
+    statuses: &[tollgate_core::objects::ObjectStatus],
+) -> Value {
+    let source = |s: &explain::Source| json!({"kind": s.kind(), "name": s.to_string()});
+    json!({
+        "namespace": a.namespace,
+        "policy": e.name,
+        "layers": e.layers.iter().map(source).collect::<Vec<_>>(),
+        "values": e.leaves.iter().map(|l| json!({
+            "path": l.dotted(),
+            "keys": l.path,
+            "value": l.value,
+            "source": source(&l.source),
+        })).collect::<Vec<_>>(),
+        "objects": statuses.iter().map(objects::status_json).collect::<Vec<_>>(),
+    })
+}
