@@ -18,3 +18,35 @@ pub async fn install_crds(cp: &ControlPlane) -> Option<()> {
     }
     Some(())
 }
+
+/// `kubectl` as the identity of `kubeconfig` with `args`, `stdin` (JSON) on its standard
+/// input: whether it succeeded, and its standard output and error. None where no kubectl
+/// can be had.
+pub fn kubectl(
+    kubeconfig: &std::path::Path,
+    args: &[&str],
+    stdin: Option<&serde_json::Value>,
+) -> Option<(bool, String, String)> {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(super::tools::kubectl()?)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    let mut input = child.stdin.take().unwrap();
+    if let Some(v) = stdin {
+        input.write_all(v.to_string().as_bytes()).unwrap();
+    }
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    Some((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}

@@ -17,8 +17,9 @@
 //! object, over the file's value) and no `additionalProperties: false` (the apiserver prunes
 //! unknown fields, and refuses them under strict field validation, kubectl's default).
 //!
-//! What the schema cannot say (a name's syntax, a quantity's, the bounds of a profile) the
-//! validating webhook says (`objects::review`), and the composer for an object stored while
+//! What the schema cannot say (a name's syntax, a quantity's, the bounds of a profile, the
+//! values of a nullable enum in a list's items or a map's values: see `allow_null_in_enum`)
+//! the validating webhook says (`objects::review`), and the composer for an object stored while
 //! the webhook was not there.
 
 use schemars::generate::SchemaSettings;
@@ -209,7 +210,7 @@ fn schemas(which: Schema) -> (Value, Value) {
     let condition = generator.subschema_for::<Condition>();
     let defs = generator.take_definitions(true);
     let inliner = Inliner { defs: &defs };
-    let mut spec = inliner.structural(spec.as_value(), true);
+    let mut spec = inliner.structural(spec.as_value(), true, true);
     if let Schema::Profile = which {
         // A TollgateProfile's spec is a cluster profile's sections, without the name
         // and match its namespace and object name stand for.
@@ -230,7 +231,7 @@ fn schemas(which: Schema) -> (Value, Value) {
         // The spec itself is not null: a spec left out is an empty one.
         s.remove("nullable");
     }
-    let condition = inliner.structural(condition.as_value(), false);
+    let condition = inliner.structural(condition.as_value(), false, false);
     let status = json!({
         "type": "object",
         "description": "What tollgate made of this object: written by tollgate.",
@@ -262,8 +263,10 @@ struct Inliner<'a> {
 }
 
 impl Inliner<'_> {
-    /// `schema` made structural; `merged`: it is within what merges (see the module's words).
-    fn structural(&self, schema: &Value, merged: bool) -> Value {
+    /// `schema` made structural; `merged`: it is within what merges (see the module's words);
+    /// `once`: a value of it is at most one per object (not in a list's items or a map's
+    /// values), where the apiserver takes a rule at the cost it estimates.
+    fn structural(&self, schema: &Value, merged: bool, once: bool) -> Value {
         let Value::Object(s) = schema else {
             // `true` (anything): no policy type has one; see the tests.
             return json!({"x-kubernetes-preserve-unknown-fields": true});
@@ -284,7 +287,7 @@ impl Inliner<'_> {
             if let Value::Object(b) = &mut base {
                 b.extend(s);
             }
-            return self.structural(&base, merged);
+            return self.structural(&base, merged, once);
         }
         let merged = merged || s.remove(MERGED).is_some_and(|v| v == true);
         let mut nullable = false;
@@ -305,7 +308,7 @@ impl Inliner<'_> {
             nullable |= branches.iter().any(is_null);
             let branches: Vec<Value> = branches.into_iter().filter(|b| !is_null(b)).collect();
             if let [one] = branches.as_slice() {
-                let mut one = self.structural(one, merged);
+                let mut one = self.structural(one, merged, once);
                 if let (Value::Object(o), Some(d)) = (&mut one, s.get("description")) {
                     o.insert("description".into(), d.clone());
                 }
@@ -354,13 +357,13 @@ impl Inliner<'_> {
         if let Some(Value::Object(props)) = s.get("properties") {
             let props: Map<String, Value> = props
                 .iter()
-                .map(|(k, p)| (k.clone(), self.member(p, merged)))
+                .map(|(k, p)| (k.clone(), self.member(p, merged, once)))
                 .collect();
             s.insert("properties".into(), Value::Object(props));
             s.entry("type").or_insert(json!("object"));
         }
         if let Some(ap @ Value::Object(_)) = s.get("additionalProperties") {
-            let ap = self.member(ap, merged);
+            let ap = self.member(ap, merged, false);
             s.insert("additionalProperties".into(), ap);
             s.entry("type").or_insert(json!("object"));
         }
@@ -369,11 +372,12 @@ impl Inliner<'_> {
         }
         if let Some(items) = s.get("items") {
             // An item of a list is written whole: it leaves what merges.
-            let items = self.structural(items, false);
+            let items = self.structural(items, false, false);
             s.insert("items".into(), items);
         }
         if nullable {
             s.insert("nullable".into(), json!(true));
+            allow_null_in_enum(&mut s, once);
         }
         let typed = s.contains_key("type")
             || s.contains_key("x-kubernetes-int-or-string")
@@ -386,15 +390,48 @@ impl Inliner<'_> {
 
     /// A property or a map's value: nullable within what merges (null restores the
     /// built-in value).
-    fn member(&self, schema: &Value, merged: bool) -> Value {
-        let mut out = self.structural(schema, merged);
+    fn member(&self, schema: &Value, merged: bool, once: bool) -> Value {
+        let mut out = self.structural(schema, merged, once);
         if merged {
             if let Value::Object(o) = &mut out {
                 o.insert("nullable".into(), json!(true));
+                allow_null_in_enum(o, once);
             }
         }
         out
     }
+}
+
+/// A nullable enum's values as a CEL rule instead: the apiserver holds a null to `enum`
+/// too (refused: not one of the values), and kubectl refuses a CRD whose `enum` lists
+/// null, while a rule is not evaluated on a null. The rule's list is the values as JSON,
+/// which CEL reads as the same strings.
+///
+/// Only where the value is one per object (`once`): the apiserver refuses a rule in a
+/// list's items or a map's values of unbounded size (a cluster profile's `validation.mode`,
+/// a GPU class's `driver`) as too costly, however cheap. There the schema takes any
+/// string (the description names the values), and the webhook and the composer refuse
+/// one the policy does not know, as they do what else a schema cannot say.
+fn allow_null_in_enum(s: &mut Map<String, Value>, once: bool) {
+    let Some(Value::Array(values)) = s.remove("enum") else {
+        return;
+    };
+    if !once {
+        return;
+    }
+    let words: Vec<&str> = values.iter().filter_map(Value::as_str).collect();
+    // Bounded, so that the apiserver's estimate of the rule's cost (a string compared per
+    // value, in every item of every list and map around it) stays within its budget: no
+    // value is longer, and a longer string is refused as too long.
+    let longest = words.iter().map(|w| w.len()).max().unwrap_or_default();
+    s.insert("maxLength".into(), json!(longest));
+    s.insert(
+        "x-kubernetes-validations".into(),
+        json!([{
+            "rule": format!("self in {}", Value::Array(values.clone())),
+            "message": format!("must be one of: {}", words.join(", ")),
+        }]),
+    );
 }
 
 /// A choice of constants (an enum whose variants have doc comments): the values, and each
@@ -535,7 +572,13 @@ mod tests {
     /// validation does).
     fn check(v: &Value, s: &Value, at: &str) -> Result<(), String> {
         if v.is_null() {
-            return if s.get("nullable") == Some(&json!(true)) {
+            // The apiserver holds a null to the enum as well as to nullable (a rule it
+            // does not evaluate on a null).
+            let in_enum = s
+                .get("enum")
+                .and_then(Value::as_array)
+                .is_none_or(|e| e.contains(v));
+            return if s.get("nullable") == Some(&json!(true)) && in_enum {
                 Ok(())
             } else {
                 Err(format!("{at}: null"))
@@ -551,6 +594,23 @@ mod tests {
         if let Some(Value::Array(e)) = s.get("enum") {
             if !e.contains(v) {
                 return Err(format!("{at}: {v} not in {e:?}"));
+            }
+        }
+        // A nullable enum's rule (`allow_null_in_enum`): `self in [JSON values]`.
+        for rule in s
+            .get("x-kubernetes-validations")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let list = rule["rule"]
+                .as_str()
+                .unwrap()
+                .strip_prefix("self in ")
+                .unwrap();
+            let values: Vec<Value> = serde_json::from_str(list).unwrap();
+            if !values.contains(v) {
+                return Err(format!("{at}: {v} not in {values:?}"));
             }
         }
         match (s["type"].as_str().unwrap(), v) {
@@ -636,6 +696,23 @@ mod tests {
             assert!(Policy::from_text("p.yaml", text).is_err(), "{text}");
             let e = check(&yaml(text), spec, "spec").unwrap_err();
             assert!(e.contains(why), "{text}: {e}");
+        }
+    }
+
+    /// What the schema leaves to the webhook (and the composer): it takes these, the
+    /// policy does not.
+    #[test]
+    fn the_schema_leaves_to_the_webhook_what_it_cannot_say() {
+        let crd = policy_crd();
+        let spec = spec_schema(&crd);
+        for text in [
+            "mutation:\n  defaultResources:\n    limits: {cpu: lots}\n",
+            "profiles:\n  - name: a\n    validation: {mode: block}\n",
+            "gpu:\n  classes:\n    x: {resources: [example.com/gpu], driver: kernel}\n",
+            "profiles:\n  - name: Not_A_Name\n",
+        ] {
+            check(&yaml(text), spec, "spec").unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert!(Policy::from_text("p.yaml", text).is_err(), "{text}");
         }
     }
 
