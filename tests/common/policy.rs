@@ -19,6 +19,14 @@ pub async fn install_crds(cp: &ControlPlane) -> Option<()> {
     Some(())
 }
 
+/// The cluster's one TollgatePolicy `default` is every test's: a test that creates, changes
+/// or deletes it, or dry-runs a create of it (refused while one exists), holds this
+/// meanwhile, and leaves no `default` behind when it lets go.
+pub async fn cluster_policy_turn() -> tokio::sync::MutexGuard<'static, ()> {
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    TURN.lock().await
+}
+
 /// `kubectl` as the identity of `kubeconfig` with `args`, `stdin` (JSON) on its standard
 /// input: whether it succeeded, and its standard output and error. None where no kubectl
 /// can be had.
