@@ -33,6 +33,10 @@ pub const FIELD_MANAGER: &str = "tollgate-register";
 /// The Service the base manifests point at.
 const BASE_SERVICE: &str = "tollgate";
 const BASE_NAMESPACE: &str = "tollgate-system";
+/// The pods' validating webhook, which `--failure-policy-validate` overrides; the other
+/// (`policies.tollgate.dev`, the TollgatePolicy and TollgateProfile objects) keeps its
+/// `Ignore` (see deploy/base).
+pub const VALIDATE_PODS: &str = "validate.tollgate.dev";
 /// The label every namespace carries (Kubernetes 1.21+), used to exclude namespaces by name.
 const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
@@ -80,7 +84,8 @@ pub struct RegisterArgs {
     #[arg(long, value_enum, value_name = "POLICY")]
     pub failure_policy_mutate: Option<FailurePolicy>,
 
-    /// Override the validating webhook's failurePolicy (default: as in deploy/base, Fail).
+    /// Override the pods' validating webhook's failurePolicy (default: as in deploy/base,
+    /// Fail). The policy objects' webhook keeps Ignore.
     #[arg(long, value_enum, value_name = "POLICY")]
     pub failure_policy_validate: Option<FailurePolicy>,
 
@@ -143,7 +148,10 @@ pub fn build(args: &RegisterArgs, ca_bundle: &[u8]) -> Result<WebhookConfigurati
     for webhook in configs.validating.webhooks.iter_mut().flatten() {
         point_at(&mut webhook.client_config, args, ca_bundle);
         exclude_own_namespace(webhook.namespace_selector.as_mut(), &args.namespace);
-        if let Some(policy) = args.failure_policy_validate {
+        if let Some(policy) = args
+            .failure_policy_validate
+            .filter(|_| webhook.name == VALIDATE_PODS)
+        {
             webhook.failure_policy = Some(policy.as_str().to_owned());
         }
     }
@@ -364,7 +372,15 @@ mod tests {
         let m = &base.mutating.webhooks.as_ref().unwrap()[0];
         let v = &base.validating.webhooks.as_ref().unwrap()[0];
         assert_eq!(m.name, "mutate.tollgate.dev");
-        assert_eq!(v.name, "validate.tollgate.dev");
+        assert_eq!(v.name, VALIDATE_PODS);
+        let names: Vec<&str> = base
+            .validating
+            .webhooks
+            .iter()
+            .flatten()
+            .map(|w| w.name.as_str())
+            .collect();
+        assert_eq!(names, [VALIDATE_PODS, "policies.tollgate.dev"]);
         assert!(m.client_config.ca_bundle.is_none());
     }
 
@@ -378,7 +394,8 @@ mod tests {
         let configs = build(&args, ca.as_bytes()).unwrap();
         let m = &configs.mutating.webhooks.as_ref().unwrap()[0];
         let v = &configs.validating.webhooks.as_ref().unwrap()[0];
-        for cc in [&m.client_config, &v.client_config] {
+        let objects = &configs.validating.webhooks.as_ref().unwrap()[1];
+        for cc in [&m.client_config, &v.client_config, &objects.client_config] {
             assert_eq!(cc.ca_bundle.as_ref().unwrap().0, ca.as_bytes());
             let svc = cc.service.as_ref().unwrap();
             assert_eq!(
@@ -389,6 +406,13 @@ mod tests {
         }
         assert_eq!(m.failure_policy.as_deref(), Some("Fail"));
         assert_eq!(v.failure_policy.as_deref(), Some("Ignore"));
+        // The policy objects' webhook keeps its own (Ignore), whatever the pods' is.
+        args.failure_policy_validate = Some(FailurePolicy::Fail);
+        let configs = build(&args, ca.as_bytes()).unwrap();
+        let hooks = configs.validating.webhooks.as_ref().unwrap();
+        assert_eq!(hooks[0].failure_policy.as_deref(), Some("Fail"));
+        assert_eq!(hooks[1].failure_policy.as_deref(), Some("Ignore"));
+        assert!(hooks[1].namespace_selector.is_none(), "every namespace");
         for selector in [&m.namespace_selector, &v.namespace_selector] {
             let exprs = selector
                 .as_ref()

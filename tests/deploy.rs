@@ -69,11 +69,26 @@ fn kinds(docs: &[Value]) -> Vec<String> {
     kinds
 }
 
+/// The pods' webhook of a configuration (`mutate.tollgate.dev`, `validate.tollgate.dev`,
+/// each the first); the ValidatingWebhookConfiguration's second is the policy objects'
+/// ([`objects_webhook`]), and there are no others.
 fn webhook<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     let config = find(docs, kind, "tollgate");
     let hooks = config["webhooks"].as_array().expect("webhooks is a list");
-    assert_eq!(hooks.len(), 1, "{kind} has one webhook");
+    let names: Vec<&str> = hooks.iter().map(|h| h["name"].as_str().unwrap()).collect();
+    let want: &[&str] = if kind == "MutatingWebhookConfiguration" {
+        &["mutate.tollgate.dev"]
+    } else {
+        &["validate.tollgate.dev", "policies.tollgate.dev"]
+    };
+    assert_eq!(names, want, "{kind}'s webhooks");
     &hooks[0]
+}
+
+/// The ValidatingWebhookConfiguration's webhook of the TollgatePolicy and TollgateProfiles.
+fn objects_webhook(docs: &[Value]) -> &Value {
+    webhook(docs, "ValidatingWebhookConfiguration");
+    &find(docs, "ValidatingWebhookConfiguration", "tollgate")["webhooks"][1]
 }
 
 fn container(docs: &[Value]) -> &Value {
@@ -166,12 +181,19 @@ fn base_renders_everything_an_install_needs() {
         kinds(docs),
         [
             "ClusterRole/\"tollgate-cluster-context\"",
+            "ClusterRole/\"tollgate-policy-objects\"",
+            "ClusterRole/\"tollgate-profile-editor\"",
             "ClusterRoleBinding/\"tollgate-cluster-context\"",
+            "ClusterRoleBinding/\"tollgate-policy-objects\"",
             "ConfigMap/\"tollgate-policy\"",
+            "CustomResourceDefinition/\"tollgatepolicies.tollgate.dev\"",
+            "CustomResourceDefinition/\"tollgateprofiles.tollgate.dev\"",
             "Deployment/\"tollgate\"",
             "MutatingWebhookConfiguration/\"tollgate\"",
             "Namespace/\"tollgate-system\"",
             "PodDisruptionBudget/\"tollgate\"",
+            "Role/\"tollgate-policy-status\"",
+            "RoleBinding/\"tollgate-policy-status\"",
             "Service/\"tollgate\"",
             "ServiceAccount/\"tollgate\"",
             "ValidatingWebhookConfiguration/\"tollgate\"",
@@ -186,6 +208,7 @@ fn base_renders_everything_an_install_needs() {
                 | "ValidatingWebhookConfiguration"
                 | "ClusterRole"
                 | "ClusterRoleBinding"
+                | "CustomResourceDefinition"
         );
         if namespaced {
             assert_eq!(doc["metadata"]["namespace"], NAMESPACE, "{kind}");
@@ -319,6 +342,42 @@ fn webhooks_call_the_server_routes_through_the_service() {
     let worst = 2 * mutate["timeoutSeconds"].as_u64().unwrap()
         + validate["timeoutSeconds"].as_u64().unwrap();
     assert!(worst <= 20, "worst-case admission wait {worst}s");
+}
+
+/// The policy objects' webhook: both kinds, created or updated, in every namespace, through
+/// the route the pods' validating webhook takes (the review sends group tollgate.dev to the
+/// objects' judgement), failing open (see the manifest's comment).
+#[test]
+fn the_policy_objects_webhook_reviews_both_kinds_everywhere_and_fails_open() {
+    if !kubectl_available() {
+        return;
+    }
+    let docs = base();
+    let hook = objects_webhook(docs);
+    let pods = webhook(docs, "ValidatingWebhookConfiguration");
+    assert_eq!(hook["clientConfig"], pods["clientConfig"]);
+    assert_eq!(hook["clientConfig"]["service"]["path"], "/validate");
+    assert_eq!(
+        hook["rules"],
+        serde_json::json!([{
+            "apiGroups": [tollgate_core::objects::GROUP],
+            "apiVersions": [tollgate_core::objects::VERSION],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": [
+                tollgate_core::objects::POLICY_PLURAL,
+                tollgate_core::objects::PROFILE_PLURAL,
+            ],
+            "scope": "*",
+        }])
+    );
+    assert!(hook.get("namespaceSelector").is_none(), "every namespace");
+    assert!(hook.get("objectSelector").is_none());
+    assert_eq!(hook["failurePolicy"], "Ignore");
+    assert_eq!(hook["sideEffects"], "None");
+    assert_eq!(hook["admissionReviewVersions"], serde_json::json!(["v1"]));
+    assert_eq!(hook["matchPolicy"], "Equivalent");
+    let timeout = hook["timeoutSeconds"].as_u64().expect("timeoutSeconds set");
+    assert!((1..=10).contains(&timeout), "timeout {timeout}");
 }
 
 #[test]
@@ -701,19 +760,23 @@ fn dev_overlay_turns_cert_files_into_the_secret_and_ca_bundle() {
         "MutatingWebhookConfiguration",
         "ValidatingWebhookConfiguration",
     ] {
-        let hook = webhook(&docs, kind);
-        assert_eq!(
-            decode_base64(&hook["clientConfig"]["caBundle"]),
-            ca.as_bytes(),
-            "{kind} caBundle is the CA that signed the serving certificate"
-        );
-        // Apart from the caBundle, the base's webhook.
-        let mut without = hook.clone();
-        without["clientConfig"]
-            .as_object_mut()
-            .unwrap()
-            .remove("caBundle");
-        assert_eq!(&without, webhook(base(), kind));
+        webhook(&docs, kind);
+        let mut hooks = find(&docs, kind, "tollgate")["webhooks"].clone();
+        for hook in hooks.as_array_mut().unwrap() {
+            let name = hook["name"].clone();
+            let bundle = hook["clientConfig"]
+                .as_object_mut()
+                .unwrap()
+                .remove("caBundle")
+                .unwrap_or_else(|| panic!("{kind} {name}: no caBundle"));
+            assert_eq!(
+                decode_base64(&bundle),
+                ca.as_bytes(),
+                "{kind} {name}: caBundle is the CA that signed the serving certificate"
+            );
+        }
+        // Apart from the caBundle, the base's webhooks.
+        assert_eq!(hooks, find(base(), kind, "tollgate")["webhooks"]);
     }
     // The Deployment mounts the Secret the overlay generates, under its stable name.
     let tls = pod_spec(&docs)["volumes"]
@@ -825,6 +888,59 @@ fn cluster_context_rbac_is_read_only_and_exact() {
 
 /// The two-teams example renders, replaces only the policy file, and that policy loads with
 /// its three profiles (profiles on namespace labels: the Deployment's cluster context is on).
+/// The policy objects' RBAC: tollgate's account reads both kinds and writes only their
+/// status (and its Lease, by name); a namespace's admins get the TollgateProfile through
+/// the built-in `admin` ClusterRole (aggregation), and nothing of the TollgatePolicy.
+#[test]
+fn policy_objects_rbac_is_exact() {
+    if !kubectl_available() {
+        return;
+    }
+    let docs = base();
+    let mut mine: Vec<String> = grants(docs)
+        .into_iter()
+        .filter(|(_, r, _, n)| {
+            r.starts_with("tollgate.dev/")
+                || n.as_deref() == Some("tollgate-policy-status")
+                || (r == "coordination.k8s.io/leases")
+        })
+        .map(|(ns, r, v, n)| {
+            let n = n.map(|n| format!("/{n}")).unwrap_or_default();
+            match ns {
+                Some(ns) => format!("{ns}: {v} {r}{n}"),
+                None => format!("{v} {r}{n}"),
+            }
+        })
+        .collect();
+    mine.sort();
+    let mut want: Vec<String> = policy_objects_needs(false).into_iter().collect();
+    want.extend(
+        policy_objects_needs(true)
+            .difference(&policy_objects_needs(false))
+            .map(|g| format!("{NAMESPACE}: {g}")),
+    );
+    want.sort();
+    assert_eq!(mine, want);
+
+    let editor = find(docs, "ClusterRole", "tollgate-profile-editor");
+    assert_eq!(
+        editor["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"],
+        "true"
+    );
+    assert_eq!(
+        editor["rules"],
+        serde_json::json!([{
+            "apiGroups": ["tollgate.dev"],
+            "resources": ["tollgateprofiles"],
+            "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+        }])
+    );
+    // Bound to no one: the admin role aggregates it, and a RoleBinding grants that.
+    assert!(!docs
+        .iter()
+        .any(|d| d["roleRef"]["name"] == "tollgate-profile-editor"));
+}
+
 #[test]
 fn two_teams_example_replaces_the_policy_with_profiles() {
     let text =
@@ -930,7 +1046,14 @@ fn the_audit_component_adds_its_flag_rbac_and_crd_and_nothing_else() {
 
     let lease_role = find(&docs, "Role", "tollgate-audit-lease");
     assert_eq!(lease_role["metadata"]["namespace"], NAMESPACE);
-    let mut audit: Vec<String> = grants(&docs)
+    // The grants the component adds to the cert-manager install's (the base's leases of
+    // other duties are not the audit's).
+    let mut added_grants = grants(&docs);
+    for g in grants(&plain) {
+        let i = added_grants.iter().position(|a| *a == g).unwrap();
+        added_grants.remove(i);
+    }
+    let mut audit: Vec<String> = added_grants
         .into_iter()
         .filter(|(_, r, _, _)| {
             r.starts_with("/pods") || r.contains("policyreports") || r.contains("leases")
@@ -1026,7 +1149,7 @@ fn the_audit_component_adds_its_flag_rbac_and_crd_and_nothing_else() {
     assert_eq!(without.len(), docs.len() - 1);
     assert!(without
         .iter()
-        .all(|d| d["kind"] != "CustomResourceDefinition"));
+        .all(|d| d["metadata"]["name"] != "policyreports.wgpolicyk8s.io"));
 }
 
 /// What the background audit and the cluster context may do, as the shipped RBAC of the
@@ -1102,6 +1225,33 @@ pub(crate) fn audit_needs(home: bool) -> std::collections::BTreeSet<String> {
             "coordination.k8s.io",
             &["leases/tollgate-audit"],
         );
+    }
+    out.extend(policy_objects_needs(home));
+    out
+}
+
+/// What the base grants for the policy as Kubernetes objects: the TollgatePolicy and the
+/// TollgateProfiles read, their status written (never their specs), and in tollgate's own
+/// namespace the Lease of the replica that writes the status.
+pub(crate) fn policy_objects_needs(home: bool) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for v in ["get", "list", "watch"] {
+        for r in ["tollgatepolicies", "tollgateprofiles"] {
+            out.insert(format!("{v} tollgate.dev/{r}"));
+        }
+    }
+    for v in ["update", "patch"] {
+        for r in ["tollgatepolicies/status", "tollgateprofiles/status"] {
+            out.insert(format!("{v} tollgate.dev/{r}"));
+        }
+    }
+    if home {
+        out.insert("create coordination.k8s.io/leases".to_owned());
+        for v in ["get", "update"] {
+            out.insert(format!(
+                "{v} coordination.k8s.io/leases/tollgate-policy-status"
+            ));
+        }
     }
     out
 }
@@ -1266,10 +1416,10 @@ fn native_validation_overlay_swaps_the_validating_webhook_for_the_policy() {
     }
     let docs = render(&root().join(NATIVE_VALIDATION));
     let cert_manager = render(&root().join("deploy/overlays/cert-manager"));
-    // The cert-manager install, less the validating webhook, plus the policy and binding.
+    // The cert-manager install, less the pods' validating webhook, plus the policy and
+    // binding.
     let mut want: Vec<String> = kinds(&cert_manager)
         .into_iter()
-        .filter(|k| !k.starts_with("ValidatingWebhookConfiguration/"))
         .chain([
             "ValidatingAdmissionPolicy/\"validate.tollgate.dev\"".to_owned(),
             "ValidatingAdmissionPolicyBinding/\"validate.tollgate.dev\"".to_owned(),
@@ -1281,6 +1431,14 @@ fn native_validation_overlay_swaps_the_validating_webhook_for_the_policy() {
     assert_eq!(
         find(&docs, "MutatingWebhookConfiguration", "tollgate"),
         find(&cert_manager, "MutatingWebhookConfiguration", "tollgate")
+    );
+    // The validating configuration keeps the policy objects' webhook alone (served by the
+    // mutating webhook's pods), the CA still injected.
+    let mut validating = find(&cert_manager, "ValidatingWebhookConfiguration", "tollgate").clone();
+    validating["webhooks"] = serde_json::json!([objects_webhook(&cert_manager)]);
+    assert_eq!(
+        find(&docs, "ValidatingWebhookConfiguration", "tollgate"),
+        &validating
     );
 
     let policy = find(&docs, "ValidatingAdmissionPolicy", "validate.tollgate.dev");

@@ -9,7 +9,8 @@
 //!   `clientConfig.service` replaced by `url: https://127.0.0.1:PORT/<its path>` with the
 //!   test CA as its caBundle, renamed per server, and its namespaceSelector narrowed by one
 //!   more label to the namespaces of this test (the apiserver is shared by every test of
-//!   the binary); everything else (rules, failurePolicy, reinvocation, timeouts) as shipped.
+//!   the binary; the policy objects' webhook, which has none, by an objectSelector);
+//!   everything else (rules, failurePolicy, reinvocation, timeouts) as shipped.
 //! - **One server per policy of the goldens** (the shipped one and each case's
 //!   `policy.yaml`), all started at once, with the cluster context on. Its identity may
 //!   read what the shipped ClusterRole grants but the cluster-wide objects other tests
@@ -311,7 +312,14 @@ fn registration(
                 .to_owned();
             w["clientConfig"] =
                 json!({"url": format!("https://127.0.0.1:{port}{path}"), "caBundle": ca});
-            w["namespaceSelector"]["matchLabels"]["tollgate-e2e"] = json!(selector);
+            if w.get("namespaceSelector").is_some() {
+                w["namespaceSelector"]["matchLabels"]["tollgate-e2e"] = json!(selector);
+            } else {
+                // The policy objects' webhook selects every namespace, and no
+                // namespaceSelector narrows the cluster-scoped TollgatePolicy: narrowed by
+                // the objects' own label instead, so that no other test's reaches it.
+                w["objectSelector"]["matchLabels"]["tollgate-e2e"] = json!(selector);
+            }
         }
         out.push(c);
     }

@@ -124,7 +124,27 @@ fn helm() -> Option<&'static Value> {
     answer
 }
 
-/// The objects a case rendered (NOTES aside), or its error.
+/// The chart's crds/ (the TollgatePolicy and TollgateProfile CRDs): Helm installs them as
+/// they are, untemplated, before the templates, so they are read here, not rendered.
+fn chart_crds() -> Vec<Value> {
+    let dir = common::root().join(CHART).join("crds");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            serde_saphyr::from_multiple::<Value>(&text).unwrap()
+        })
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+/// The objects a case installs: its rendered templates (NOTES aside) and the chart's
+/// crds/; or its error.
 fn rendered(case: &str) -> Result<Vec<Value>, String> {
     let answer = &helm().unwrap()["cases"][case];
     if let Some(e) = answer["error"].as_str() {
@@ -141,6 +161,7 @@ fn rendered(case: &str) -> Result<Vec<Value>, String> {
             .unwrap_or_else(|e| panic!("{template} is not YAML: {e}\n{text}"));
         docs.extend(parsed.into_iter().filter(|d| !d.is_null()));
     }
+    docs.extend(chart_crds());
     Ok(docs)
 }
 
@@ -532,6 +553,8 @@ async fn taken_names_gone(admin: &kube::Client) {
             "tollgate-cluster-context",
             "tollgate-certs",
             "tollgate-audit",
+            "tollgate-policy-objects",
+            "tollgate-profile-editor",
         ] {
             if kube::Api::<rbac::ClusterRole>::all(c.clone())
                 .get_opt(name)

@@ -426,6 +426,8 @@ fn certs_needs(c: &Cluster) -> std::collections::BTreeSet<String> {
     ] {
         out.insert(r.to_owned());
     }
+    // The policy as Kubernetes objects, the base's.
+    out.extend(crate::deploy::policy_objects_needs(true));
     out
 }
 

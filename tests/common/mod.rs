@@ -12,6 +12,7 @@ pub mod apiserver;
 pub mod context;
 pub mod envtest;
 pub mod identity;
+pub mod policy;
 pub mod tools;
 
 /// A pod with no resources at all, which validation refuses.

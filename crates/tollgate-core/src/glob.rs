@@ -98,6 +98,21 @@ impl<'de> Deserialize<'de> for Glob {
     }
 }
 
+/// A pattern is written as its text (the CRDs' schemas, `objects::crd`).
+impl schemars::JsonSchema for Glob {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Glob".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string"})
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Glob;

@@ -16,6 +16,7 @@
 //! same composition, refusing what the status would report.
 
 pub mod bounds;
+pub mod crd;
 pub mod explain;
 
 use std::collections::BTreeMap;

@@ -5,19 +5,24 @@
 //! section may leave out is only what is empty when left out (a class's mounts, a
 //! profile's sections), and, for an item of a list (which a file writes whole), the
 //! item's documented default (a mount's `type`, an env entry's `separator`).
+//!
+//! The same types give the TollgatePolicy's and TollgateProfile's schemas (`objects::crd`,
+//! through `JsonSchema`): each field's doc comment is what `kubectl explain` prints for it,
+//! so it is written for the reader of a policy, not of this code.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::glob::Glob;
 use crate::quantity;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Policy {
     /// Which extended resources count as GPUs.
@@ -26,7 +31,11 @@ pub struct Policy {
     pub selection: Selection,
     /// The opt-out annotation and where it is honoured.
     pub opt_out: OptOut,
+    /// What the mutating webhook adds to a training pod: each step, whether it is on, and
+    /// what it adds.
     pub mutation: Mutation,
+    /// What the validating webhook requires of a training pod, and what it does when a pod
+    /// falls short.
     pub validation: Validation,
     /// Whether a pod can ever run here.
     pub feasibility: Feasibility,
@@ -35,7 +44,7 @@ pub struct Policy {
     /// What a namespace's TollgateProfile may change beyond making the policy stricter.
     pub namespace_profiles: NamespaceProfiles,
     /// Named profiles, in order: the first whose `match` fits a pod is applied over the
-    /// rest of the policy for that pod (see [`Profile`]). None when left out.
+    /// rest of the policy for that pod. None when left out.
     #[serde(default)]
     pub profiles: Vec<Profile>,
     /// What this policy was made of, and the namespaces' TollgateProfiles resolved over it:
@@ -45,7 +54,7 @@ pub struct Policy {
 }
 
 /// The bounds of the namespaces' TollgateProfiles.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NamespaceProfiles {
     /// The sections in which a TollgateProfile may also loosen the policy (turn validation
@@ -55,8 +64,11 @@ pub struct NamespaceProfiles {
     pub may_loosen: Vec<Section>,
 }
 
-/// A section of the policy, as a profile writes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// A section of the policy, as a profile writes it: `gpu`, `selection`, `optOut`,
+/// `mutation`, `validation`, `workloads` or `feasibility`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum Section {
     Gpu,
@@ -146,7 +158,7 @@ pub struct Resolved {
 /// the policy is this profile's sections merged over the base policy (every field of it,
 /// defaults included). The merge rule: a map merges key by key, anything else (a list, a
 /// string, a number, a boolean) replaces, and `null` puts the built-in default back.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Profile {
     /// Named in logs, metrics, the applied annotation and `tollgate review`.
@@ -154,19 +166,44 @@ pub struct Profile {
     /// Which pods the profile is for. Every criterion given must hold.
     #[serde(rename = "match", default)]
     pub matches: ProfileMatch,
+    // The sections below are merged over the policy's (a map key by key, `null` puts the
+    // built-in value back), unlike the list item they are in, which is written whole:
+    // `x-tollgate-merged` tells `objects::crd` so (every field of theirs may be left out
+    // or null). Their schema is the section's own type; serde keeps them as written.
+    /// For the pods this profile fits: the policy's `gpu`, with what is written here
+    /// merged over it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<GpuPolicy>", extend("x-tollgate-merged" = true))]
     pub gpu: Option<Value>,
+    /// For the pods this profile fits: the policy's `selection`, with what is written here
+    /// merged over it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<Selection>", extend("x-tollgate-merged" = true))]
     pub selection: Option<Value>,
+    /// For the pods this profile fits: the policy's `optOut`, with what is written here
+    /// merged over it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<OptOut>", extend("x-tollgate-merged" = true))]
     pub opt_out: Option<Value>,
+    /// For the pods this profile fits: the policy's `mutation`, with what is written here
+    /// merged over it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<Mutation>", extend("x-tollgate-merged" = true))]
     pub mutation: Option<Value>,
+    /// For the pods this profile fits: the policy's `validation`, with what is written here
+    /// merged over it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<Validation>", extend("x-tollgate-merged" = true))]
     pub validation: Option<Value>,
+    /// For the pods this profile fits: the policy's `workloads`, with what is written here
+    /// merged over it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<Workloads>", extend("x-tollgate-merged" = true))]
     pub workloads: Option<Value>,
+    /// For the pods this profile fits: the policy's `feasibility`, with what is written here
+    /// merged over it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<Feasibility>", extend("x-tollgate-merged" = true))]
     pub feasibility: Option<Value>,
     /// The whole policy for the pods this profile fits, merged and checked at load.
     #[serde(skip)]
@@ -182,7 +219,7 @@ impl Profile {
 
 /// Which pods a profile is for: namespaces by name or glob, namespace labels and pod labels
 /// (label selectors as Kubernetes writes them). An absent criterion holds for every pod.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ProfileMatch {
     /// Namespace names or globs (`*`, `?`); the profile fits a pod in any of them.
@@ -199,7 +236,8 @@ pub struct ProfileMatch {
 /// The name the metrics, logs and annotations give the policy without a profile.
 pub const BASE_PROFILE: &str = "base";
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// What counts as a GPU, and what a pod that asks for one gets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GpuPolicy {
     /// The GPU classes, by name: what a pod of each asks for, and what it gets.
@@ -209,12 +247,14 @@ pub struct GpuPolicy {
     /// the toleration `{key: <resource>, operator: Exists, effect: NoSchedule}`, no driver.
     pub all_extended_resources: bool,
     /// Replaced by `classes`; a policy that sets it is refused with a message saying so.
+    /// Not in the CRDs' schema: the apiserver refuses it as an unknown field.
     #[serde(default, skip_serializing)]
+    #[schemars(skip)]
     pub resources: Option<Value>,
 }
 
 /// A kind of GPU: how a pod asks for it, and what tollgate gives a pod that does.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct GpuClass {
     /// Extended resources of this class: names (`nvidia.com/gpu`) or patterns
@@ -254,7 +294,8 @@ impl GpuClass {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// How the GPU driver reaches a container: `runtime` or `hostPath`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum Driver {
     /// The runtime puts the driver in the container: nothing to mount.
@@ -264,7 +305,8 @@ pub enum Driver {
     HostPath,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Which pods are training pods: any one criterion makes a pod one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Selection {
     /// A pod carrying any of these label keys (any value) is a training pod.
@@ -275,7 +317,9 @@ pub struct Selection {
     pub gpu_pods: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The opt-out: a pod annotation that asks tollgate to leave a pod alone, honoured only
+/// where and for whom this section says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OptOut {
     /// The pod annotation that asks to skip tollgate (value "true").
@@ -300,7 +344,7 @@ pub struct OptOut {
 /// Workloads: the objects whose pod templates controllers turn into pods. Their templates
 /// are judged when the workload is created or its templates change, as the pods they
 /// will make would be.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Workloads {
     /// false: workloads are allowed unchanged, and only their pods are judged.
@@ -311,13 +355,15 @@ pub struct Workloads {
 }
 
 /// One kind of workload.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkloadKind {
     /// The API group (`""` is core), version and kind, as the review's `request.kind`.
     #[serde(default)]
     pub group: String,
+    /// The API version (`v1`, `v1alpha1`).
     pub version: String,
+    /// The kind (`Job`, `PyTorchJob`).
     pub kind: String,
     /// Where the pod templates are.
     pub templates: Vec<TemplateSpec>,
@@ -343,7 +389,7 @@ pub struct WorkloadKind {
 }
 
 /// Where one kind of template is, and how messages name it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TemplateSpec {
     /// A path (see `template_path`): keys, `*` for every member of a map, `key[*]` for
@@ -373,23 +419,27 @@ fn is_zero(n: &i64) -> bool {
 }
 
 /// Whether a pod can ever run here (the quota, the nodes, the DeviceClasses).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Feasibility {
     /// `warn` (the user reads it at `kubectl apply`), `enforce` (refused) or `off`.
     pub mode: FeasibilityMode,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// What a pod that can never run here gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum FeasibilityMode {
+    /// Allowed, with a warning that says why it cannot run.
     Warn,
+    /// Refused, saying why.
     Enforce,
+    /// Not checked.
     Off,
 }
 
 /// Where a workload kind's templates are read, when not in the workload itself.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TemplatesFrom {
     /// A Kubeflow Trainer TrainJob: the TrainingRuntime or ClusterTrainingRuntime its
@@ -399,9 +449,11 @@ pub struct TemplatesFrom {
 }
 
 /// How a TrainJob changes its runtime's pods, where Trainer versions differ.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TrainingRuntimeSource {
+    /// What the TrainJob's `spec.trainer.resourcesPerNode` does to the runtime's `node`
+    /// container: `merge` (Trainer v2.3 on) or `replace` (v2.0 to v2.2).
     #[serde(default)]
     pub resources_per_node: ResourcesPerNode,
     /// Where the workload holds the TrainJob it makes, as a path to an object with the
@@ -412,7 +464,7 @@ pub struct TrainingRuntimeSource {
 }
 
 /// What `spec.trainer.resourcesPerNode` does to the runtime's `node` container.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum ResourcesPerNode {
     /// Merged into the runtime's requests and limits, key by key (Trainer v2.3 on).
@@ -438,20 +490,27 @@ impl Workloads {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The mutating webhook's steps, each on or off, and what each adds to a training pod.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Mutation {
     /// Which operations are mutated.
     pub operations: Vec<Operation>,
     /// Annotation recording the steps applied to a pod.
     pub applied_annotation: String,
+    /// The step that gives a GPU pod the tolerations of its GPU classes.
     pub gpu_tolerations: GpuTolerations,
+    /// The step that mounts the node's driver directories (GPU classes with
+    /// `driver: hostPath`).
     pub driver_mounts: DriverMounts,
+    /// The step that injects a metrics sidecar container.
     pub metrics_sidecar: MetricsSidecar,
+    /// The step that gives containers without limits default ones.
     pub default_resources: DefaultResources,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// An admission operation: `CREATE` or `UPDATE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum Operation {
     #[serde(rename = "CREATE")]
     Create,
@@ -459,34 +518,41 @@ pub enum Operation {
     Update,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GpuTolerations {
+    /// Whether GPU pods get their classes' tolerations.
     pub enabled: bool,
     /// Replaced by `gpu.classes.<class>.tolerations`; refused with a message saying so.
+    /// Not in the CRDs' schema: the apiserver refuses it as an unknown field.
     #[serde(default, skip_serializing)]
+    #[schemars(skip)]
     pub effect: Option<Value>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DriverMounts {
+    /// Whether the driver directories are mounted.
     pub enabled: bool,
     /// Every volume tollgate adds has a name starting with this prefix.
     pub volume_prefix: String,
     /// Replaced by `gpu.classes.<class>.mounts` and `.env`; refused with a message.
+    /// Not in the CRDs' schema: the apiserver refuses it as an unknown field.
     #[serde(default, skip_serializing)]
+    #[schemars(skip)]
     pub resources: Option<Value>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A directory of the node, mounted read-only into a GPU container.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HostMount {
     /// Volume name; must start with the volume prefix.
     pub name: String,
     /// Directory on the node.
     pub host_path: String,
-    /// hostPath type, e.g. Directory or DirectoryOrCreate.
+    /// hostPath type, e.g. Directory or DirectoryOrCreate (default Directory).
     #[serde(default = "default_host_path_type")]
     pub r#type: String,
     /// Where it appears in the container (always read-only).
@@ -497,15 +563,18 @@ fn default_host_path_type() -> String {
     "Directory".into()
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// An environment variable set in a GPU container.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EnvEntry {
+    /// The variable's name.
     pub name: String,
+    /// Its value.
     pub value: String,
-    /// What to do when the container already sets this variable.
+    /// What to do when the container already sets this variable (default keep).
     #[serde(default)]
     pub if_present: IfPresent,
-    /// Separator for append and prepend.
+    /// Separator for append and prepend (default `:`).
     #[serde(default = "default_separator")]
     pub separator: String,
 }
@@ -514,7 +583,8 @@ fn default_separator() -> String {
     ":".into()
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// What to do with a variable the container already sets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum IfPresent {
     /// Leave the user's value alone.
@@ -526,9 +596,10 @@ pub enum IfPresent {
     Prepend,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MetricsSidecar {
+    /// Whether training pods get the sidecar.
     pub enabled: bool,
     /// `native`: an init container with restartPolicy Always (Kubernetes 1.29+), which lets
     /// a Job's pod complete. `classic`: a regular container, for older clusters.
@@ -539,16 +610,20 @@ pub struct MetricsSidecar {
     pub annotations: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// How the sidecar is injected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum SidecarMode {
+    /// An init container with restartPolicy Always (Kubernetes 1.29+).
     Native,
+    /// A regular container.
     Classic,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DefaultResources {
+    /// Whether containers without limits get the defaults.
     pub enabled: bool,
     /// Default limits (cpu, memory) for containers that set none.
     pub limits: BTreeMap<String, Quantity>,
@@ -557,9 +632,11 @@ pub struct DefaultResources {
     pub per_gpu: BTreeMap<String, Quantity>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// What the validating webhook requires of a training pod.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Validation {
+    /// Whether training pods are validated at all.
     pub enabled: bool,
     /// enforce (deny), warn (allow with warnings) or audit (allow, audit annotation and log).
     pub mode: Mode,
@@ -569,11 +646,15 @@ pub struct Validation {
     pub required_requests: Vec<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// What the validating webhook does with a pod that falls short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum Mode {
+    /// Refused.
     Enforce,
+    /// Allowed, with warnings the user reads at `kubectl apply`.
     Warn,
+    /// Allowed, with an audit annotation and a log line.
     Audit,
 }
 
