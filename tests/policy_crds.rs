@@ -89,7 +89,7 @@ fn dry_run(kubeconfig: &Path, object: &Value) -> Option<Result<Value, String>> {
 /// a CRD's OpenAPI a moment after it is Established: waited for).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_explain_prints_the_policy_fields_docs() {
-    let Some(cp) = common::envtest::plane() else {
+    let Some(cp) = common::envtest::policy_objects_plane() else {
         return;
     };
     if common::policy::install_crds(cp).await.is_none() {
@@ -135,7 +135,7 @@ async fn kubectl_explain_prints_the_policy_fields_docs() {
 /// last-applied annotation, which the apiserver bounds (256 KiB of annotations).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_crds_apply_client_side_too() {
-    let Some(cp) = common::envtest::plane() else {
+    let Some(cp) = common::envtest::policy_objects_plane() else {
         return;
     };
     if common::policy::install_crds(cp).await.is_none() {
@@ -158,7 +158,7 @@ async fn the_crds_apply_client_side_too() {
 /// it takes whole, and a null (the built-in value back) is kept, not pruned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tollgate_policy_is_held_to_the_schema() {
-    let Some(cp) = common::envtest::plane() else {
+    let Some(cp) = common::envtest::policy_objects_plane() else {
         return;
     };
     if common::policy::install_crds(cp).await.is_none() {
@@ -236,7 +236,7 @@ async fn a_tollgate_policy_is_held_to_the_schema() {
 /// A TollgateProfile holds a profile's sections only, named `default` in its namespace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tollgate_profile_holds_the_profile_sections() {
-    let Some(cp) = common::envtest::plane() else {
+    let Some(cp) = common::envtest::policy_objects_plane() else {
         return;
     };
     if common::policy::install_crds(cp).await.is_none() {
@@ -287,7 +287,7 @@ async fn a_tollgate_profile_holds_the_profile_sections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_admin_edits_the_namespaces_profile_only() {
     use common::identity;
-    let Some(cp) = common::envtest::plane() else {
+    let Some(cp) = common::envtest::policy_objects_plane() else {
         return;
     };
     if common::policy::install_crds(cp).await.is_none() {

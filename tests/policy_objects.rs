@@ -23,37 +23,16 @@ use serde_json::{json, Value};
 use tollgate::cluster::objects::ObjectKind;
 use tollgate::server::ClusterOptions;
 
-/// One test at a time: the TollgatePolicy is cluster-wide, and so is the status Lease.
+/// One test at a time: the TollgatePolicy is cluster-wide, and so is the status Lease
+/// (the turn tests/policy_crds.rs takes too, on the same plane).
 async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
-    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    LOCK.lock().await
+    common::policy::cluster_policy_turn().await
 }
 
-/// The CRDs of the two kinds, as little as the tests need: any spec and status (the
-/// schema's own checks are the CRDs' tests'), the status subresource.
-fn crds_yaml() -> String {
-    let crd = |kind: ObjectKind, scope: &str| {
-        let plural = kind.plural();
-        let k = kind.kind();
-        let singular = k.to_lowercase();
-        format!(
-            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: {plural}.tollgate.dev\nspec:\n  group: tollgate.dev\n  scope: {scope}\n  names:\n    kind: {k}\n    plural: {plural}\n    singular: {singular}\n    listKind: {k}List\n  versions:\n    - name: v1alpha1\n      served: true\n      storage: true\n      subresources:\n        status: {{}}\n      schema:\n        openAPIV3Schema:\n          type: object\n          properties:\n            spec:\n              type: object\n              x-kubernetes-preserve-unknown-fields: true\n            status:\n              type: object\n              x-kubernetes-preserve-unknown-fields: true\n"
-        )
-    };
-    format!(
-        "{}---\n{}",
-        crd(ObjectKind::Policy, "Cluster"),
-        crd(ObjectKind::Profile, "Namespaced")
-    )
-}
-
-/// The plane with the CRDs installed (idempotently).
+/// The plane with the CRDs installed as deploy/ ships them.
 async fn plane() -> Option<&'static ControlPlane> {
     let cp = common::envtest::policy_objects_plane()?;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("crds.yaml");
-    std::fs::write(&file, crds_yaml()).unwrap();
-    common::context::install_crds(&cp.client("admin").await, file.to_str().unwrap()).await;
+    common::policy::install_crds(cp).await?;
     Some(cp)
 }
 

@@ -389,7 +389,7 @@ pub fn isolated_plane() -> Option<&'static ControlPlane> {
 static POLICY_OBJECTS: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
 
 /// A third control plane, started on first use as [`plane`] is, for the tests of the policy
-/// as Kubernetes objects (tests/policy_objects.rs): every server with its cluster context
+/// as Kubernetes objects (tests/policy_objects.rs, tests/policy_crds.rs): every server with its cluster context
 /// watches the cluster's TollgatePolicy `default`, so one stored on a shared plane would
 /// change the answers of every other test's server there. Those tests share this one
 /// among themselves, one at a time.
