@@ -377,3 +377,188 @@ async fn without_the_crds_the_file_is_in_force_and_the_server_ready() {
     assert!(memory_limit(&mut c, "ml").await.is_some());
     server.running.shutdown().await;
 }
+
+/// deploy/base's webhook for the two kinds (`policies.tollgate.dev`, rules, failurePolicy
+/// and all, as shipped), pointed at `server` and narrowed by the objects' label
+/// `tollgate-bounds=<selector>` to this test's objects (other tests on the plane apply
+/// TollgateProfiles and dry-run TollgatePolicies of their own).
+fn objects_webhook(server: &TestServer, selector: &str) -> Value {
+    use base64::Engine as _;
+    let text = std::fs::read_to_string(
+        common::root().join("deploy/base/validatingwebhookconfiguration.yaml"),
+    )
+    .unwrap();
+    let mut c: Value = serde_saphyr::from_str(&text).unwrap();
+    let mut w = c["webhooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["name"] == "policies.tollgate.dev")
+        .expect("deploy/base registers policies.tollgate.dev")
+        .clone();
+    let path = w["clientConfig"]["service"]["path"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    w["clientConfig"] = json!({
+        "url": format!("https://127.0.0.1:{}{path}", server.addr().port()),
+        "caBundle": base64::engine::general_purpose::STANDARD.encode(&server.ca_pem),
+    });
+    w["objectSelector"] = json!({"matchLabels": {"tollgate-bounds": selector}});
+    c["metadata"] = json!({"name": format!("tollgate-bounds-{selector}")});
+    c["webhooks"] = json!([w]);
+    c
+}
+
+/// kubectl, off the test's runtime: the apiserver it waits on calls the test's server,
+/// which that runtime serves.
+async fn kubectl(
+    kubeconfig: &std::path::Path,
+    args: &[&str],
+    stdin: Option<&Value>,
+) -> (bool, String, String) {
+    let kubeconfig = kubeconfig.to_owned();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let stdin = stdin.cloned();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        common::policy::kubectl(&kubeconfig, &args, stdin.as_ref()).expect("kubectl")
+    })
+    .await
+    .unwrap()
+}
+
+/// A TollgatePolicy (`namespace` None) or TollgateProfile `default` with `spec`, labelled
+/// for the test's webhook.
+fn object(namespace: Option<&str>, selector: &str, spec: &Value) -> Value {
+    let mut o = json!({
+        "apiVersion": "tollgate.dev/v1alpha1",
+        "kind": if namespace.is_some() { "TollgateProfile" } else { "TollgatePolicy" },
+        "metadata": {"name": "default", "labels": {"tollgate-bounds": selector}},
+        "spec": spec,
+    });
+    if let Some(ns) = namespace {
+        o["metadata"]["namespace"] = json!(ns);
+    }
+    o
+}
+
+/// Each bound a TollgateProfile is held to, refused at `kubectl apply` by tollgate's own
+/// webhook as deploy/base registers it, in the words a namespace's admin reads (the field,
+/// the bound, the `mayLoosen` that would allow it); and each allowed, stored and in force
+/// once the cluster's TollgatePolicy lists its section in `namespaceProfiles.mayLoosen`.
+#[tokio::test]
+async fn each_bound_is_refused_at_apply_and_allowed_once_may_loosen_names_it() {
+    let Some(cp) = plane().await else { return };
+    let _turn = serial().await;
+    let admin = cp.client("admin").await;
+    let kubeconfig = cp.kubeconfig("admin");
+    let server = serve(cp).await;
+    let mut c = Client::connect(server.addr(), &server.ca_pem, false).await;
+    until("ready", async || ready(&mut c).await.0 == 200).await;
+    let ns = cp.namespace("bounds", &[]).await;
+    let registration = objects_webhook(&server, &ns);
+    let (ok, _, err) = kubectl(&kubeconfig, &["apply", "-f", "-"], Some(&registration)).await;
+    assert!(ok, "registering the webhook: {err}");
+
+    // One case per section, each crossing the bound the built-in policy sets there.
+    let cases = [
+        (
+            json!({"validation": {"mode": "warn"}}),
+            "validation",
+            "spec.validation.mode",
+        ),
+        (
+            json!({"validation": {"requiredRequests": ["cpu"]}}),
+            "validation",
+            "spec.validation.requiredRequests",
+        ),
+        (
+            json!({"optOut": {"groups": ["*"]}}),
+            "optOut",
+            "spec.optOut.groups",
+        ),
+        (
+            json!({"mutation": {"gpuTolerations": {"enabled": false}}}),
+            "mutation",
+            "spec.mutation.gpuTolerations.enabled",
+        ),
+        (
+            json!({"gpu": {"classes": {"nvidia": {"tolerations": []}}}}),
+            "gpu",
+            "spec.gpu.classes.nvidia.tolerations",
+        ),
+        (
+            json!({"feasibility": {"mode": "off"}}),
+            "feasibility",
+            "spec.feasibility.mode",
+        ),
+        (
+            json!({"workloads": {"enabled": false}}),
+            "workloads",
+            "spec.workloads.enabled",
+        ),
+    ];
+    let apply = async |o: &Value, dry: bool| {
+        let mut args = vec!["apply", "-f", "-"];
+        if dry {
+            args.push("--dry-run=server");
+        }
+        kubectl(&kubeconfig, &args, Some(o)).await
+    };
+    // The apiserver reads new webhook configurations a moment after they are stored.
+    let first = object(Some(&ns), &ns, &cases[0].0);
+    until("the webhook in effect", async || {
+        !apply(&first, true).await.0
+    })
+    .await;
+    for (spec, section, field) in &cases {
+        let (ok, _, err) = apply(&object(Some(&ns), &ns, spec), false).await;
+        assert!(!ok, "{spec}: stored");
+        assert!(err.contains(&format!("field `{field}`")), "{spec}: {err}");
+        assert!(
+            err.contains(&format!("mayLoosen: [{section}]")),
+            "{spec}: {err}"
+        );
+        assert!(
+            api(&admin, ObjectKind::Profile, Some(&ns))
+                .get_opt("default")
+                .await
+                .unwrap()
+                .is_none(),
+            "{spec}: stored"
+        );
+    }
+
+    // The cluster lets namespaces loosen every section the cases cross.
+    let sections: Vec<&str> = cases.iter().map(|c| c.1).collect();
+    let policy = object(
+        None,
+        &ns,
+        &json!({"namespaceProfiles": {"mayLoosen": sections}}),
+    );
+    let (ok, _, err) = apply(&policy, false).await;
+    assert!(ok, "the TollgatePolicy: {err}");
+    assert_eq!(ready_condition(&admin, None).await["status"], "True");
+    for (spec, _, _) in &cases {
+        let (ok, _, err) = apply(&object(Some(&ns), &ns, spec), false).await;
+        assert!(ok, "{spec}: {err}");
+        let cond = ready_condition(&admin, Some(&ns)).await;
+        assert_eq!(cond["status"], "True", "{spec}: {cond}");
+        delete(&admin, Some(&ns)).await;
+    }
+
+    delete(&admin, None).await;
+    let (ok, _, err) = common::policy::kubectl(
+        &kubeconfig,
+        &[
+            "delete",
+            "validatingwebhookconfiguration",
+            &format!("tollgate-bounds-{ns}"),
+        ],
+        None,
+    )
+    .unwrap();
+    assert!(ok, "{err}");
+    server.running.shutdown().await;
+}
