@@ -154,22 +154,27 @@ fn in_namespace<'p>(policy: &'p Policy, namespace: &str) -> Vec<&'p Policy> {
     out
 }
 
+/// The audit could not read the API discovery (what the cluster serves).
+fn discovery_failed(a: &Auditor, e: kube::Error) -> AuditError {
+    classify(
+        &a.url,
+        Needs {
+            verb: "get",
+            resource: "the API discovery (/apis)",
+            namespace: None,
+        },
+        e,
+    )
+}
+
 /// Reads what [`ClusterWide`] holds: discovery, then (when the policy judges feasibility)
 /// the nodes, in pages, kept by shape, and the DeviceClasses' names. Nodes or classes the
 /// identity may not list (403), or a cluster without them (404), leave them out: the
 /// audit says so and feasibility says nothing of them.
 pub async fn cluster_wide(a: &Auditor, policy: &Policy) -> Result<ClusterWide, AuditError> {
-    let dra = dra::discover(&a.client).await.map_err(|e| {
-        classify(
-            &a.url,
-            Needs {
-                verb: "get",
-                resource: "the API discovery (/apis)",
-                namespace: None,
-            },
-            e,
-        )
-    })?;
+    let dra = dra::discover(&a.client)
+        .await
+        .map_err(|e| discovery_failed(a, e))?;
     let mut wide = ClusterWide {
         dra,
         ..ClusterWide::default()
@@ -418,17 +423,7 @@ pub async fn policy_objects(
     debug_assert_eq!(SERVED, format!("{GROUP}/{VERSION}"));
     let served = dra::newest_served(&a.client, &[SERVED])
         .await
-        .map_err(|e| {
-            classify(
-                &a.url,
-                Needs {
-                    verb: "get",
-                    resource: "the API discovery (/apis)",
-                    namespace: None,
-                },
-                e,
-            )
-        })?;
+        .map_err(|e| discovery_failed(a, e))?;
     if served.is_none() {
         return Ok((vec![], vec![]));
     }
