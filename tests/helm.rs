@@ -16,8 +16,9 @@
 //!   schemas (tests/support/k8s_schema.rs).
 //! - values.schema.json refuses a wrong value at install, naming it.
 //! - Installed into the real kube-apiserver (tests/common/envtest.rs) by the SDK's
-//!   `install` (tests/helm/install.py), its objects are stored, and tollgate run with its
-//!   ServiceAccount's token finds its RBAC sufficient and no wider than the code needs.
+//!   `install` (tests/helm/install.py), its objects are stored, its CRDs (TollgatePolicy,
+//!   TollgateProfile) served, and tollgate run with its ServiceAccount's token puts a
+//!   TollgateProfile in force and finds its RBAC sufficient and no wider than the code needs.
 
 use crate::common;
 use crate::k8s_schema;
@@ -654,6 +655,11 @@ async fn the_chart_installed_runs_tollgate_with_its_rbac_sufficient_and_no_wider
         "helm install: {}",
         answer["error"]
     );
+    // The chart's crds/: installed by Helm before the templates (or there already, from
+    // an earlier install on this apiserver: Helm leaves those be), and served.
+    for crd in chart_crds() {
+        identity::established(cp, crd["metadata"]["name"].as_str().unwrap()).await;
+    }
     let manifest: Vec<Value> =
         serde_saphyr::from_multiple(answer["manifest"].as_str().unwrap()).unwrap();
     let manifest: Vec<Value> = manifest.into_iter().filter(|d| !d.is_null()).collect();
@@ -731,6 +737,25 @@ async fn the_chart_installed_runs_tollgate_with_its_rbac_sufficient_and_no_wider
         args[i + 1] = value;
     }
     args.extend(["--kubeconfig".to_owned(), kubeconfig.display().to_string()]);
+    // A TollgateProfile for the installed tollgate to put in force, and its status Ready
+    // (written by whichever server holds its namespace's status Lease first: other tests'
+    // servers on this apiserver watch the kind too; that the account may write it is the
+    // RBAC comparison below).
+    let profile = json!({"apiVersion": "tollgate.dev/v1alpha1", "kind": "TollgateProfile",
+        "metadata": {"name": "default", "namespace": ml},
+        "spec": {"mutation": {"defaultResources": {"perGpu": {"memory": "96Gi"}}}}});
+    identity::create(&admin, profile).await;
+    let profiles = kube::Api::<kube::api::DynamicObject>::namespaced_with(
+        admin.clone(),
+        &ml,
+        &kube::api::ApiResource {
+            group: "tollgate.dev".into(),
+            version: "v1alpha1".into(),
+            api_version: "tollgate.dev/v1alpha1".into(),
+            kind: "TollgateProfile".into(),
+            plural: "tollgateprofiles".into(),
+        },
+    );
     let log = dir.path().join("serve.log");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args(&args)
@@ -772,13 +797,19 @@ async fn the_chart_installed_runs_tollgate_with_its_rbac_sufficient_and_no_wider
             .client_config
             .ca_bundle
             .is_some();
-        if report && secret && bundle {
+        let in_force = profiles.get("default").await.unwrap().data["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            });
+        if report && secret && bundle && in_force {
             break;
         }
         if started.elapsed() > std::time::Duration::from_secs(30) {
             let _ = child.kill();
             panic!(
-                "report {report}, Secret {secret}, caBundle {bundle}:\n{}",
+                "report {report}, Secret {secret}, caBundle {bundle}, profile in force {in_force}:\n{}",
                 std::fs::read_to_string(&log).unwrap()
             );
         }
