@@ -1286,3 +1286,60 @@ fn export_names_the_profiles_it_does_not_cover() {
     assert_eq!(strict.status.code(), Some(1));
     assert!(strict.stdout.is_empty());
 }
+
+/// A kind team-a's TollgateProfile judges as a workload (its `workloads.kinds`, which the
+/// TollgatePolicy lets it replace): reviewed in team-a, as the server would judge it
+/// there; not reviewed in team-b, where the policy lists no such kind.
+#[test]
+fn review_judges_a_kind_a_namespaces_profile_adds_in_that_namespace_only() {
+    let objects = "apiVersion: tollgate.dev/v1alpha1
+kind: TollgatePolicy
+metadata:
+  name: default
+spec:
+  namespaceProfiles:
+    mayLoosen: [workloads]
+---
+apiVersion: tollgate.dev/v1alpha1
+kind: TollgateProfile
+metadata:
+  name: default
+  namespace: team-a
+spec:
+  workloads:
+    kinds:
+      - group: example.com
+        version: v1
+        kind: TrainThing
+        templates:
+          - path: spec.template
+";
+    let thing = |ns: &str| {
+        format!(
+            "apiVersion: example.com/v1
+kind: TrainThing
+metadata:
+  name: thing
+  namespace: {ns}
+spec:
+  template:
+    spec:
+      containers:
+        - name: train
+          image: train:1
+"
+        )
+    };
+    let input = format!("{objects}---\n{}---\n{}", thing("team-a"), thing("team-b"));
+    let out = tollgate(&["review", "-"], Some(input.as_bytes()));
+    let text = stdout(&out);
+    let line = |ns: &str| {
+        text.lines()
+            .find(|l| l.contains(&format!("{ns}/thing")))
+            .unwrap_or_else(|| panic!("no line for {ns}/thing: {text}"))
+            .to_owned()
+    };
+    assert!(!line("team-a").contains("not reviewed"), "{text}");
+    assert!(line("team-a").contains("denied"), "no requests: {text}");
+    assert!(line("team-b").contains("not reviewed"), "{text}");
+}

@@ -585,7 +585,7 @@ pub fn split<'f>(
                     continue;
                 }
             }
-            k if is_workload(policy, &api, k) => {
+            k if is_workload(policy, &api, k, &d) => {
                 decodes(&d, &api, k).map_err(|e| format!("{file}: document {}: {e}", i + 1))?;
                 Entry::Subject(d)
             }
@@ -653,9 +653,22 @@ fn decodes(doc: &Value, api: &str, kind: &str) -> Result<(), String> {
     })
 }
 
-fn is_workload(policy: &Policy, api: &str, kind: &str) -> bool {
+/// Whether tollgate judges `doc` as a workload: a kind the policy lists, or one its
+/// namespace's TollgateProfile adds (a profile may judge more kinds, over the base or over
+/// a cluster profile its pods may get).
+fn is_workload(policy: &Policy, api: &str, kind: &str, doc: &Value) -> bool {
     let (group, version) = group_version(api);
-    policy.workloads.kind(group, version, kind).is_some()
+    let lists = |p: &Policy| p.workloads.kind(group, version, kind).is_some();
+    if lists(policy) {
+        return true;
+    }
+    let namespace = doc
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    policy.layers.namespaces.get(namespace).is_some_and(|n| {
+        lists(&n.over_base.policy) || n.over_profiles.iter().flatten().any(|r| lists(&r.policy))
+    })
 }
 
 /// What the review command found, for both output formats.
@@ -889,7 +902,7 @@ pub fn run_review(
     let review = match kind {
         "AdmissionReview" => value.clone(),
         "Pod" => synthetic_review(value, a.namespace.as_deref(), &a.user, &a.groups),
-        k if is_workload(policy, api, k) || is_runtime(api, k) => {
+        k if is_workload(policy, api, k, value) || is_runtime(api, k) => {
             synthetic_review(value, a.namespace.as_deref(), &a.user, &a.groups)
         }
         "" => return Err("no kind: expected a Pod, a workload or an AdmissionReview".into()),
