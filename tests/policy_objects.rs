@@ -447,6 +447,9 @@ fn object(namespace: Option<&str>, selector: &str, spec: &Value) -> Value {
 /// webhook as deploy/base registers it, in the words a namespace's admin reads (the field,
 /// the bound, the `mayLoosen` that would allow it); and each allowed, stored and in force
 /// once the cluster's TollgatePolicy lists its section in `namespaceProfiles.mayLoosen`.
+/// A TollgatePolicy is refused for what its schema cannot see (a quantity, a validation
+/// refusing its own mutation), and admitted with a warning when it tightens `mayLoosen`
+/// under a profile stored, which its status then says is out of bounds.
 #[tokio::test]
 async fn each_bound_is_refused_at_apply_and_allowed_once_may_loosen_names_it() {
     let Some(cp) = plane().await else { return };
@@ -530,6 +533,25 @@ async fn each_bound_is_refused_at_apply_and_allowed_once_may_loosen_names_it() {
         );
     }
 
+    // What the schema cannot see of a TollgatePolicy, refused alike: a quantity that does
+    // not parse, and a policy whose validation would refuse what its own mutation adds
+    // (the metrics sidecar requests no ephemeral-storage).
+    for (spec, words) in [
+        (
+            json!({"mutation": {"defaultResources": {"perGpu": {"memory": "lots"}}}}),
+            "mutation.defaultResources.perGpu.memory",
+        ),
+        (
+            json!({"validation": {"requiredRequests": ["cpu", "memory", "ephemeral-storage"]}}),
+            "ephemeral-storage",
+        ),
+    ] {
+        let (ok, _, err) = apply(&object(None, &ns, &spec), false).await;
+        assert!(!ok, "{spec}: stored");
+        assert!(err.contains("denied the request"), "{spec}: {err}");
+        assert!(err.contains(words), "{spec}: {err}");
+    }
+
     // The cluster lets namespaces loosen every section the cases cross.
     let sections: Vec<&str> = cases.iter().map(|c| c.1).collect();
     let policy = object(
@@ -547,6 +569,32 @@ async fn each_bound_is_refused_at_apply_and_allowed_once_may_loosen_names_it() {
         assert_eq!(cond["status"], "True", "{spec}: {cond}");
         delete(&admin, Some(&ns)).await;
     }
+
+    // Tightening mayLoosen again does not refuse the TollgatePolicy for the profiles
+    // stored under it: kubectl prints a warning naming each that will no longer be
+    // applied, and its status says so.
+    let (ok, _, err) = apply(&object(Some(&ns), &ns, &cases[0].0), false).await;
+    assert!(ok, "{err}");
+    assert_eq!(ready_condition(&admin, Some(&ns)).await["status"], "True");
+    let (ok, _, err) = apply(&object(None, &ns, &json!({})), false).await;
+    assert!(ok, "the TollgatePolicy tightened: {err}");
+    assert!(
+        err.contains("Warning:")
+            && err.contains(&format!(
+                "TollgateProfile {ns}/default would no longer be applied"
+            )),
+        "{err}"
+    );
+    until("the profile said out of bounds", async || {
+        let (_, st) = status(&admin, Some(&ns)).await;
+        st["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "False" && c["reason"] == "OutOfBounds")
+    })
+    .await;
+    delete(&admin, Some(&ns)).await;
 
     delete(&admin, None).await;
     let (ok, _, err) = common::policy::kubectl(
