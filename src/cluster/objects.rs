@@ -11,7 +11,11 @@
 //!   with its backoff, so that CRDs installed later are picked up. One the RBAC forbids
 //!   (403) is not waited for either: the file stays in force and the stale alert fires. So
 //!   these watches are never the reason tollgate is not ready.
-//! - A watch that breaks keeps the last objects: tollgate keeps the policy it composed.
+//! - A watch that breaks keeps the last objects: tollgate keeps the policy it composed. So
+//!   does a 404 once the kind was served: a CRD deleted deletes its objects first (their
+//!   deletions reach the watch), while an apiserver can answer 404 for a custom resource
+//!   for a moment (restarting, before its CRDs are read), and dropping the objects then
+//!   would swing every namespace's policy for no change in the cluster.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
