@@ -610,3 +610,145 @@ async fn each_bound_is_refused_at_apply_and_allowed_once_may_loosen_names_it() {
     assert!(ok, "{err}");
     server.running.shutdown().await;
 }
+
+/// deploy/base's pod webhooks (mutating and validating, as shipped) pointed at `server`,
+/// their namespaceSelectors narrowed to the namespaces labelled `tollgate-profile-pods=
+/// <selector>`; the policy objects' webhook left out (not what this registration tests).
+fn pod_webhooks(server: &TestServer, selector: &str) -> Vec<Value> {
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(&server.ca_pem);
+    let mut out = vec![];
+    for file in [
+        "deploy/base/mutatingwebhookconfiguration.yaml",
+        "deploy/base/validatingwebhookconfiguration.yaml",
+    ] {
+        let text = std::fs::read_to_string(common::root().join(file)).unwrap();
+        let mut c: Value = serde_saphyr::from_str(&text).unwrap();
+        c["metadata"] = json!({"name": format!("tollgate-profile-pods-{selector}")});
+        let webhooks: Vec<Value> = c["webhooks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| w.get("namespaceSelector").is_some())
+            .map(|w| {
+                let mut w = w.clone();
+                let path = w["clientConfig"]["service"]["path"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
+                w["clientConfig"] = json!({
+                    "url": format!("https://127.0.0.1:{}{path}", server.addr().port()),
+                    "caBundle": ca,
+                });
+                w["namespaceSelector"]["matchLabels"]["tollgate-profile-pods"] = json!(selector);
+                w
+            })
+            .collect();
+        assert!(!webhooks.is_empty(), "{file}");
+        c["webhooks"] = json!(webhooks);
+        out.push(c);
+    }
+    out
+}
+
+/// Through the real apiserver, as a pod is made: with deploy/base's pod webhooks pointed at
+/// the server, a GPU pod created in a namespace whose TollgateProfile sets its per-GPU
+/// memory is stored with that limit, and the applied annotation names the profile; the
+/// same pod in another namespace gets the cluster's default (what a review of it there
+/// answers).
+#[tokio::test]
+async fn a_pod_created_through_the_apiserver_gets_its_namespaces_profile() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::PostParams;
+
+    let Some(cp) = plane().await else { return };
+    let _turn = serial().await;
+    let admin = cp.client("admin").await;
+    let server = serve(cp).await;
+    let mut c = Client::connect(server.addr(), &server.ca_pem, false).await;
+    until("ready", async || ready(&mut c).await.0 == 200).await;
+    let selector = format!("pp{}", std::process::id());
+    let labels = [
+        ("tollgate-profile-pods", selector.as_str()),
+        ("tollgate.dev/enforce", "enabled"),
+    ];
+    let ns_a = cp.namespace("profile-pods-a", &labels).await;
+    let ns_b = cp.namespace("profile-pods-b", &labels).await;
+    for r in pod_webhooks(&server, &selector) {
+        common::context::create(&admin, &r).await;
+    }
+
+    apply(&admin, Some(&ns_a), per_gpu_memory("40Gi")).await;
+    assert_eq!(ready_condition(&admin, Some(&ns_a)).await["status"], "True");
+
+    let fixture: Value =
+        serde_json::from_slice(&common::fixture("mig-trainer.mutate.json")).unwrap();
+    let pod_in = |ns: &str| -> Pod {
+        let mut o = common::apiserver::for_create(&fixture["request"]["object"], ns);
+        o["metadata"]["namespace"] = json!(ns);
+        if let Some(Value::Object(a)) = o["metadata"].get_mut("annotations") {
+            a.retain(|k, _| !k.starts_with("tollgate.dev/"));
+        }
+        serde_json::from_value(o).unwrap()
+    };
+    let memory = |p: &Pod| {
+        p.spec.as_ref().unwrap().containers[0]
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get("memory"))
+            .map(|q| q.0.clone())
+    };
+    let applied = |p: &Pod| {
+        p.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("tollgate.dev/applied"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    // The apiserver reads new webhook configurations a moment after they are stored.
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let pods_b: Api<Pod> = Api::namespaced(admin.clone(), &ns_b);
+    until("the webhooks in effect", async || {
+        pods_b
+            .create(&dry, &pod_in(&ns_b))
+            .await
+            .is_ok_and(|p| !applied(&p).is_empty())
+    })
+    .await;
+
+    let a = Api::<Pod>::namespaced(admin.clone(), &ns_a)
+        .create(&PostParams::default(), &pod_in(&ns_a))
+        .await
+        .expect("the pod in the profile's namespace");
+    let b = pods_b
+        .create(&PostParams::default(), &pod_in(&ns_b))
+        .await
+        .expect("the pod in the other namespace");
+    assert_eq!(memory(&a).as_deref(), Some("40Gi"), "{}", applied(&a));
+    // The cluster's default there, as the server answers a review of the same pod.
+    let cluster_default = memory_limit(&mut c, &ns_b).await;
+    assert_ne!(cluster_default.as_deref(), Some("40Gi"));
+    assert_eq!(memory(&b), cluster_default, "{}", applied(&b));
+    assert!(applied(&a).contains(&ns_a), "{}", applied(&a));
+    assert!(!applied(&b).contains(&ns_a), "{}", applied(&b));
+
+    let name = format!("tollgate-profile-pods-{selector}");
+    Api::<MutatingWebhookConfiguration>::all(admin.clone())
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<ValidatingWebhookConfiguration>::all(admin.clone())
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    delete(&admin, Some(&ns_a)).await;
+    server.running.shutdown().await;
+}
