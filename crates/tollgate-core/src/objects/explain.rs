@@ -262,16 +262,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::objects::{compose, file_layer, Candidate, Stored, NAME};
-
-    fn stored(namespace: &str, spec: Value) -> Stored {
-        Stored {
-            namespace: namespace.into(),
-            name: NAME.into(),
-            generation: Some(1),
-            spec,
-        }
-    }
+    use crate::objects::tests::stored;
+    use crate::objects::{compose, file_layer, Candidate, Stored};
 
     fn composed(file: Option<&str>, cluster: Option<Value>, profiles: &[(&str, Value)]) -> Policy {
         let file = file.map(|t| file_layer("p.yaml", t).unwrap());

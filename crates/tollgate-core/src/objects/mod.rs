@@ -450,4 +450,4 @@ pub fn review(policy: &Policy, kind: &str, object: &Value) -> ObjectVerdict {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

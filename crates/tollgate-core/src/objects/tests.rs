@@ -5,7 +5,8 @@ use crate::cluster::Offline;
 use crate::policy::{FeasibilityMode, Mode};
 use crate::profile::{self, PodLabels};
 
-fn stored(namespace: &str, spec: Value) -> Stored {
+/// A TollgateProfile (or, with no namespace, the TollgatePolicy) `default`, generation 1.
+pub(crate) fn stored(namespace: &str, spec: Value) -> Stored {
     Stored {
         namespace: namespace.into(),
         name: NAME.into(),
