@@ -1357,10 +1357,8 @@ async fn the_audit_runs_as_the_shipped_service_account_which_may_do_no_more() {
     }
     let lines = served.lines();
     drop(served);
-    let forbidden: Vec<&String> = lines
-        .iter()
-        .filter(|l| l.contains("forbidden") || l.contains("403"))
-        .collect();
+    let text = lines.join("\n");
+    let forbidden = common::identity::refusals(&text);
     assert!(forbidden.is_empty(), "{forbidden:#?}");
 
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))

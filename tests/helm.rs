@@ -818,10 +818,7 @@ async fn the_chart_installed_runs_tollgate_with_its_rbac_sufficient_and_no_wider
     let _ = child.kill();
     let _ = child.wait();
     let text = std::fs::read_to_string(&log).unwrap();
-    let forbidden: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("forbidden") || l.contains("403"))
-        .collect();
+    let forbidden = identity::refusals(&text);
     assert!(forbidden.is_empty(), "{forbidden:#?}");
 
     assert_eq!(

@@ -341,3 +341,23 @@ pub async fn other_namespaces(admin: &kube::Client, mine: &[&str]) -> Vec<String
         .filter(|n| !mine.contains(&n.as_str()))
         .collect()
 }
+
+/// The lines of a server's log that say the apiserver refused it something: "forbidden",
+/// or 403 as a number of its own (not three digits of a longer one, such as the Unix time
+/// in a certificate's name).
+pub fn refusals(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| {
+            l.contains("forbidden") || l.split(|c: char| !c.is_ascii_digit()).any(|n| n == "403")
+        })
+        .collect()
+}
+
+#[test]
+fn a_403_is_a_refusal_and_digits_of_a_longer_number_are_not() {
+    let log = "a\n{\"ca\":\"CN=tollgate CA 1796304372\"}\nlist: 403 Forbidden\n{\"code\":403}\nis forbidden: x\n";
+    assert_eq!(
+        refusals(log),
+        ["list: 403 Forbidden", "{\"code\":403}", "is forbidden: x"]
+    );
+}
