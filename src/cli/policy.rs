@@ -4,7 +4,7 @@
 //! this reads the files and prints.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
@@ -120,7 +120,7 @@ pub(super) fn read_objects(
     let mut found = PolicyObjects::default();
     let mut left_out = 0;
     for path in files {
-        for (name, text) in read_files(path)? {
+        for (name, text) in super::review::read_paths(path, false)? {
             for d in super::review::read(&text, default_ns).map_err(|e| format!("{name}: {e}"))? {
                 if !found.add(&name, &d) {
                     left_out += 1;
@@ -134,26 +134,6 @@ pub(super) fn read_objects(
         );
     }
     Ok(found)
-}
-
-/// A file's text, or each manifest file's of a directory.
-fn read_files(path: &Path) -> Result<Vec<(String, String)>, String> {
-    let mut paths = vec![];
-    if path.is_dir() {
-        super::review::manifest_files(path, false, &mut paths)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-    } else {
-        paths.push(path.to_owned());
-    }
-    paths
-        .into_iter()
-        .map(|p| {
-            let name = p.display().to_string();
-            std::fs::read_to_string(&p)
-                .map(|t| (name.clone(), t))
-                .map_err(|e| format!("{name}: {e}"))
-        })
-        .collect()
 }
 
 /// The cluster profile the pods of `namespace` with the labels given get, as the webhook

@@ -247,15 +247,8 @@ fn inputs(a: &ReviewArgs) -> Result<Vec<(String, String)>, Unusable> {
         return Ok(vec![("standard input".into(), s)]);
     }
     let path = Path::new(&a.file);
-    if !path.is_dir() {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| Unusable(format!("{}: {e}", a.file)))?;
-        return Ok(vec![(a.file.clone(), text)]);
-    }
-    let mut files = vec![];
-    manifest_files(path, a.recursive, &mut files)
-        .map_err(|e| Unusable(format!("{}: {e}", a.file)))?;
-    if files.is_empty() {
+    let texts = read_paths(path, a.recursive).map_err(Unusable)?;
+    if texts.is_empty() && path.is_dir() {
         return Err(Unusable(format!(
             "{}: no .yaml, .yml or .json file{}",
             a.file,
@@ -266,15 +259,24 @@ fn inputs(a: &ReviewArgs) -> Result<Vec<(String, String)>, Unusable> {
             }
         )));
     }
-    files
-        .into_iter()
-        .map(|f| {
-            let name = f.display().to_string();
-            std::fs::read_to_string(&f)
-                .map(|t| (name.clone(), t))
-                .map_err(|e| Unusable(format!("{name}: {e}")))
-        })
-        .collect()
+    Ok(texts)
+}
+
+/// The text of a file, or of each manifest file of a directory ([`manifest_files`]), with
+/// its path; an error is the one line to show.
+pub(super) fn read_paths(path: &Path, recursive: bool) -> Result<Vec<(String, String)>, String> {
+    let read = |p: &Path| {
+        let name = p.display().to_string();
+        std::fs::read_to_string(p)
+            .map(|t| (name.clone(), t))
+            .map_err(|e| format!("{name}: {e}"))
+    };
+    if !path.is_dir() {
+        return Ok(vec![read(path)?]);
+    }
+    let mut files = vec![];
+    manifest_files(path, recursive, &mut files).map_err(|e| format!("{}: {e}", path.display()))?;
+    files.iter().map(|f| read(f)).collect()
 }
 
 /// The `.yaml`, `.yml` and `.json` files of `dir`, sorted by path; those of its
