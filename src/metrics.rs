@@ -78,6 +78,9 @@ pub struct ProfileLabels {
     pub profile: String,
 }
 
+/// The values of [`ObjectStateLabels::state`].
+pub const OBJECT_STATES: [&str; 3] = ["in_force", "last_good", "invalid"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ObjectStateLabels {
     /// TollgatePolicy or TollgateProfile.
@@ -489,7 +492,7 @@ impl Metrics {
     /// first event: a single policy reload failure would never fire its alert.
     fn initialise_series(&self) {
         for kind in [POLICY_KIND, PROFILE_KIND] {
-            for state in ["in_force", "last_good", "invalid"] {
+            for state in OBJECT_STATES {
                 let _ = self
                     .policy_objects
                     .get_or_create(&ObjectStateLabels { kind, state });

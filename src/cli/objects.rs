@@ -91,15 +91,6 @@ pub fn compose(file: Option<&Written>, found: &PolicyObjects) -> Result<Composed
     objects::compose(file, cluster.map(candidate), &profiles).map_err(|e| e.to_string())
 }
 
-/// The object a status is about, as kubectl names it: `TollgateProfile team-a/default`.
-pub fn status_object(s: &ObjectStatus) -> String {
-    if s.namespace.is_empty() {
-        format!("{POLICY_KIND} {}", s.name)
-    } else {
-        format!("{PROFILE_KIND} {}/{}", s.namespace, s.name)
-    }
-}
-
 /// A status in the machine form of the commands' JSON output.
 pub fn status_json(s: &ObjectStatus) -> Value {
     serde_json::json!({

@@ -814,7 +814,7 @@ impl CliResult {
             .map(|f| format!("{f}: "))
             .unwrap_or_default();
         if let Some(s) = &self.policy_object {
-            let object = objects::status_object(s).to_ascii_lowercase();
+            let object = s.source().to_ascii_lowercase();
             if s.ready {
                 return format!("{from}{object}: {}\n", s.message);
             }

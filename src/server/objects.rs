@@ -16,7 +16,7 @@
 //!   `tollgate-policy-status` ([`status_loop`]), only where the stored status differs, so
 //!   that its own write (a new resourceVersion, not a new generation) writes nothing more.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ use super::shutdown::stopped;
 use super::{ActivePolicy, AppState};
 use crate::cluster::objects::{ObjectKind, PolicyObjects, Snapshot, WatchedObject};
 use crate::lease::{self, Elector, LeaseOptions, Purpose};
-use crate::metrics::{ObjectStateLabels, RejectionLabels, ResultLabels};
+use crate::metrics::{ObjectStateLabels, RejectionLabels, ResultLabels, OBJECT_STATES};
 use tollgate_core::objects::{self, Candidate, InForce, ObjectStatus, Stored, NAME};
 use tollgate_core::policy::{PolicyError, Written};
 
@@ -204,7 +204,7 @@ impl Composer {
         // force (as before objects were), else with each spec in force after them.
         let mut hashed = self.file_bytes.clone();
         let mut counts: BTreeMap<(&'static str, &'static str), i64> = BTreeMap::new();
-        let mut seen = Vec::with_capacity(statuses.len());
+        let mut seen = HashSet::with_capacity(statuses.len());
         for s in statuses {
             let kind = if s.namespace.is_empty() {
                 ObjectKind::Policy
@@ -237,7 +237,7 @@ impl Composer {
             };
             *counts.entry((kind.kind(), state_label)).or_default() += 1;
             self.said_of(&source, &o.stored, &s, kind, state);
-            seen.push(source);
+            seen.insert(source);
             reports.push(Report {
                 kind,
                 status: s,
@@ -249,7 +249,7 @@ impl Composer {
         let gone: Vec<String> = self
             .said
             .keys()
-            .filter(|k| !seen.contains(k))
+            .filter(|k| !seen.contains(*k))
             .cloned()
             .collect();
         for k in gone {
@@ -257,7 +257,7 @@ impl Composer {
             info!(object = %k, "policy object deleted; it is no longer in force");
         }
         for kind in ObjectKind::ALL {
-            for label in ["in_force", "last_good", "invalid"] {
+            for label in OBJECT_STATES {
                 state
                     .metrics
                     .policy_objects
@@ -392,11 +392,7 @@ async fn write_status(
     } else {
         Api::namespaced_with(client.clone(), &r.status.namespace, &ar)
     };
-    let name = format!(
-        "{} {}",
-        r.kind.kind(),
-        crate::cluster::objects::key(&r.status.namespace, &r.status.name)
-    );
+    let name = r.status.source();
     let result = api
         .patch_status(
             &r.status.name,

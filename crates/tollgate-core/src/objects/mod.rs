@@ -61,11 +61,7 @@ pub struct Stored {
 impl Stored {
     /// The object as kubectl names it: `TollgatePolicy default`, `TollgateProfile ns/default`.
     pub fn source(&self) -> String {
-        if self.namespace.is_empty() {
-            format!("{POLICY_KIND} {}", self.name)
-        } else {
-            format!("{PROFILE_KIND} {}/{}", self.namespace, self.name)
-        }
+        source(&self.namespace, &self.name)
     }
 
     /// An object read from the cluster (or a file): its metadata and spec, as JSON.
@@ -93,6 +89,16 @@ impl Stored {
     }
 }
 
+/// An object as kubectl names it, by where it is: `TollgatePolicy default` (cluster-scoped,
+/// no namespace), `TollgateProfile ns/default`.
+pub fn source(namespace: &str, name: &str) -> String {
+    if namespace.is_empty() {
+        format!("{POLICY_KIND} {name}")
+    } else {
+        format!("{PROFILE_KIND} {namespace}/{name}")
+    }
+}
+
 /// An object to compose, and the spec last in force for it (kept by the shell across
 /// compositions), which stays in force if this one does not load.
 #[derive(Debug, Clone, Copy)]
@@ -115,6 +121,13 @@ pub struct ObjectStatus {
     pub message: String,
     /// Which spec is in force for the object.
     pub in_force: InForce,
+}
+
+impl ObjectStatus {
+    /// The object as kubectl names it: `TollgateProfile team-a/default`.
+    pub fn source(&self) -> String {
+        source(&self.namespace, &self.name)
+    }
 }
 
 /// Which spec of an object a composition applied.
