@@ -136,10 +136,7 @@ pub fn judges_feasibility(policy: &Policy) -> bool {
 /// The base policy, its profiles' and the namespaces' TollgateProfiles', resolved.
 fn every_policy(policy: &Policy) -> impl Iterator<Item = &Policy> {
     let profiles = policy.profiles.iter().filter_map(|p| p.policy());
-    let namespaces = policy.layers.namespaces.values().flat_map(|n| {
-        std::iter::once(n.over_base.policy.as_ref())
-            .chain(n.over_profiles.iter().flatten().map(|r| r.policy.as_ref()))
-    });
+    let namespaces = policy.layers.namespaces.values().flat_map(|n| n.policies());
     std::iter::once(policy).chain(profiles).chain(namespaces)
 }
 
@@ -148,8 +145,7 @@ fn every_policy(policy: &Policy) -> impl Iterator<Item = &Policy> {
 fn in_namespace<'p>(policy: &'p Policy, namespace: &str) -> Vec<&'p Policy> {
     let mut out = vec![policy];
     if let Some(n) = policy.layers.namespaces.get(namespace) {
-        out.push(&n.over_base.policy);
-        out.extend(n.over_profiles.iter().flatten().map(|r| r.policy.as_ref()));
+        out.extend(n.policies());
     }
     out
 }
@@ -439,28 +435,18 @@ pub async fn policy_objects(
     ] {
         let gvk = kube::api::GroupVersionKind::gvk(GROUP, VERSION, kind);
         let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+        let needs = Needs {
+            verb: "list",
+            resource: plural,
+            namespace,
+        };
         match raw_pages(a, &resource, namespace, |item| out.push(item)).await {
             Ok(()) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(kube::Error::Api(s)) if s.code == 403 => {
-                let needs = Needs {
-                    verb: "list",
-                    resource: plural,
-                    namespace,
-                };
                 unread.push(format!("{} ({})", needs.describe(), s.message));
             }
-            Err(e) => {
-                return Err(classify(
-                    &a.url,
-                    Needs {
-                        verb: "list",
-                        resource: plural,
-                        namespace,
-                    },
-                    e,
-                ))
-            }
+            Err(e) => return Err(classify(&a.url, needs, e)),
         }
     }
     Ok((out, unread))

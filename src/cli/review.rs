@@ -668,9 +668,11 @@ fn is_workload(policy: &Policy, api: &str, kind: &str, doc: &Value) -> bool {
         .pointer("/metadata/namespace")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    policy.layers.namespaces.get(namespace).is_some_and(|n| {
-        lists(&n.over_base.policy) || n.over_profiles.iter().flatten().any(|r| lists(&r.policy))
-    })
+    policy
+        .layers
+        .namespaces
+        .get(namespace)
+        .is_some_and(|n| n.policies().any(lists))
 }
 
 /// What the review command found, for both output formats.

@@ -147,6 +147,19 @@ pub struct NamespaceProfile {
     pub over_profiles: Vec<Option<Resolved>>,
 }
 
+impl NamespaceProfile {
+    /// Each policy the namespace's pods may get with it: over the base, then over each
+    /// cluster profile that may match them.
+    pub fn policies(&self) -> impl Iterator<Item = &Policy> {
+        std::iter::once(self.over_base.policy.as_ref()).chain(
+            self.over_profiles
+                .iter()
+                .flatten()
+                .map(|r| r.policy.as_ref()),
+        )
+    }
+}
+
 /// A policy with the name logs, metrics and the applied annotation give it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resolved {
