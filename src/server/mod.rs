@@ -337,7 +337,7 @@ async fn start_with(
     app: fn(Arc<AppState>) -> Router,
 ) -> anyhow::Result<Running> {
     let context_on = opts.cluster.is_some();
-    let (_, policy_bytes) = reload::initial_policy(opts.policy_path.as_deref(), context_on)
+    let (active, policy_bytes) = reload::initial_policy(opts.policy_path.as_deref(), context_on)
         .map_err(anyhow::Error::msg)?;
     let certs = Arc::new(match &opts.self_managed {
         None => CertStore::open(&opts.cert_path, &opts.key_path)?,
@@ -346,17 +346,13 @@ async fn start_with(
     let tls = crate::tls::server_config(certs.clone(), opts.client_ca.as_deref())?;
     let acceptor = TlsAcceptor::from(Arc::new(tls));
     let (cluster, status_writer) = cluster_context(opts.cluster.as_ref()).await?;
-    // The file checked (above); composed with the objects once the watches list them.
-    let path = opts.policy_path.as_ref().map(|p| p.display().to_string());
-    let composition = Arc::new(
-        objects::Composition::new(
-            path.as_deref().map(|p| (p, policy_bytes.as_slice())),
-            tollgate_core::policy::BUILTIN_TEXT.as_bytes(),
-            cluster.policy_objects(),
-        )
-        .map_err(|e| anyhow::anyhow!("{e}"))?,
-    );
-    let active = composition.initial().map_err(|e| anyhow::anyhow!("{e}"))?;
+    // The file as loaded (above) is the policy in force until the watches list the
+    // objects, which are then composed with it.
+    let composition = Arc::new(objects::Composition::new(
+        active.policy.layers.file.clone(),
+        policy_bytes.clone(),
+        cluster.policy_objects(),
+    ));
     let state = AppState::with_cluster(active, opts.limits.clone(), cluster);
     state.metrics.cert_expiry.set(certs.not_after());
     let _ = state.certs.set(certs.clone());

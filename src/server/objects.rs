@@ -69,21 +69,14 @@ struct Composer {
 }
 
 impl Composition {
-    /// The file layer (`path` and its bytes; None: the built-in policy) and the objects the
-    /// cluster context watches, if it does.
+    /// The file layer as loaded (None: the built-in policy) and its bytes (the file's, or
+    /// the built-in text), and the objects the cluster context watches, if it does.
     pub fn new(
-        file: Option<(&str, &[u8])>,
-        builtin: &[u8],
+        file: Option<Written>,
+        file_bytes: Vec<u8>,
         source: Option<Arc<PolicyObjects>>,
-    ) -> Result<Composition, PolicyError> {
-        let (file, file_bytes) = match file {
-            Some((path, bytes)) => (
-                Some(objects::file_layer(path, &String::from_utf8_lossy(bytes))?),
-                bytes.to_vec(),
-            ),
-            None => (None, builtin.to_vec()),
-        };
-        Ok(Composition {
+    ) -> Composition {
+        Composition {
             composer: Mutex::new(Composer {
                 file,
                 file_bytes,
@@ -92,32 +85,20 @@ impl Composition {
             }),
             source,
             reports: watch::channel(Arc::new(Vec::new())).0,
-        })
-    }
-
-    /// The policy of the file alone, for start-up (the watches have listed nothing yet).
-    pub fn initial(&self) -> Result<ActivePolicy, PolicyError> {
-        let c = self.lock();
-        let composed = objects::compose(c.file.as_ref(), None, &[])?;
-        Ok(ActivePolicy::new(composed.policy, &c.file_bytes))
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Composer> {
         self.composer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The policy file changed (and loads: the reload checked it): recompose with it.
-    pub fn file_changed(&self, path: &str, bytes: &[u8], state: &AppState) {
-        match objects::file_layer(path, &String::from_utf8_lossy(bytes)) {
-            Ok(layer) => {
-                let mut c = self.lock();
-                c.file = Some(layer);
-                c.file_bytes = bytes.to_vec();
-            }
-            Err(e) => {
-                warn!(error = %e, "policy file not composed; the previous policy stays in force");
-                return;
-            }
+    /// The policy file changed (and loads: the reload loaded it, `layer` as written):
+    /// recompose with it.
+    pub fn file_changed(&self, layer: Written, bytes: &[u8], state: &AppState) {
+        {
+            let mut c = self.lock();
+            c.file = Some(layer);
+            c.file_bytes = bytes.to_vec();
         }
         self.recompose(state);
     }

@@ -219,7 +219,9 @@ fn poll_policy(path: &Path, watch: &mut PolicyWatch, composition: &Composition, 
                 path = %path.display(), "policy reloaded");
             // Composed with the TollgatePolicy and TollgateProfiles in force, if any: the
             // composer puts the result in force (the file's hash alone without them).
-            composition.file_changed(&path.display().to_string(), &watch.in_force, state);
+            if let Some(layer) = &p.policy.layers.file {
+                composition.file_changed(layer.clone(), &watch.in_force, state);
+            }
             state
                 .metrics
                 .policy_reloads
