@@ -7,7 +7,6 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -146,29 +145,9 @@ pub fn delete(cp: &ControlPlane, docs: &[Value]) -> Option<()> {
 }
 
 fn kubectl_stdin(cp: &ControlPlane, args: &[&str], docs: &[Value]) -> Option<()> {
-    use std::io::Write as _;
     let list = json!({"apiVersion": "v1", "kind": "List", "items": docs});
-    let mut child = cp
-        .kubectl("admin")?
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(list.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, _, err) = super::policy::kubectl(&cp.kubeconfig("admin"), args, Some(&list))?;
+    assert!(ok, "kubectl {}: {err}", args.join(" "));
     Some(())
 }
 
