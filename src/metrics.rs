@@ -671,21 +671,11 @@ impl Metrics {
     }
 
     /// The profiles of the policy in force, at zero: the label's values are the file's
-    /// profile names and "base", and nothing of an earlier policy lingers.
-    pub fn set_profiles<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
-        self.set_profile_labels(names, false);
-    }
-
-    /// [`Metrics::set_profiles`] of a policy: with each name followed by `+ns` too where a
-    /// namespace's TollgateProfile is in force.
+    /// profile names and "base", each followed by `+ns` too where a namespace's
+    /// TollgateProfile is in force, and nothing of an earlier policy lingers.
     pub fn set_profiles_of(&self, policy: &Policy) {
-        self.set_profile_labels(
-            policy.profiles.iter().map(|p| p.name.as_str()),
-            !policy.layers.namespaces.is_empty(),
-        );
-    }
-
-    fn set_profile_labels<'a>(&self, names: impl IntoIterator<Item = &'a str>, ns: bool) {
+        let ns = !policy.layers.namespaces.is_empty();
+        let names = policy.profiles.iter().map(|p| p.name.as_str());
         self.profile_reviews.clear();
         let names: Vec<String> = std::iter::once(BASE_PROFILE)
             .chain(names)
