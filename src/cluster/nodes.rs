@@ -2,23 +2,28 @@
 //!
 //! Clusters have thousands of nodes that look alike, and nodes change all the time
 //! (their status is rewritten every few seconds: conditions, heartbeats, images), while
-//! what feasibility reads of them (`capacity::shape_of`: allocatable, labels, taints,
-//! unschedulable) rarely does. So:
+//! what feasibility reads of them (allocatable, labels, taints, unschedulable) rarely does.
+//! So:
 //!
 //! - A Node is parsed as a [`NodeView`]: those fields and the resourceVersion the watcher
 //!   resumes from; the rest of the object is skipped while parsing, never held.
-//! - [`ShapeIndex`] keeps each node's shape (shared by the nodes of one shape) and each
-//!   shape's hosts. A node whose shape did not change costs one comparison and changes
-//!   nothing; one that changed moves between two shapes (a cordon takes it out).
+//! - [`ShapeIndex`] (the engine's `capacity::Index`) keeps each node in its shape, the
+//!   labels of a pool once, interned, and each node's own labels (its hostname, and the
+//!   keys of a value per node, such as GPU Feature Discovery's timestamp) beside its name:
+//!   a few hundred bytes a node. A node whose shape did not change costs one comparison and
+//!   changes nothing; one that changed moves between two shapes (a cordon takes it out).
 //! - Reviews read an `Arc<capacity::Nodes>` snapshot, swapped whole ([`NodeSink`]).
 //!   Rebuilding it is copy-on-write per shape: the shapes no node entered or left keep
 //!   their `Arc<Shape>`, so a rebuild costs the number of shapes plus the hosts of the
 //!   shapes that changed. Changes are published at most every [`PUBLISH_EVERY`]: a burst
 //!   (a pool cordoned for an upgrade, a relabelled rack) costs one rebuild, not one per
 //!   node.
+//! - The nodes are listed item by item as each page arrives (`pages::watch`), never a
+//!   page whole: as the apiserver sends them a node is 25 KB of JSON, and a page of 500
+//!   held (twice, as kube's client reads it) would be 25 MB for a moment.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +37,7 @@ use serde::{Deserialize, Deserializer};
 use tokio::time::Instant;
 
 use super::cache::Sink;
-use tollgate_core::capacity::{self, Host, Nodes, Shape, ShapeKey};
+use tollgate_core::capacity::Nodes;
 
 /// The most often the snapshot reviews read is rebuilt: a change is seen by reviews within
 /// this, and a burst of changes costs one rebuild.
@@ -114,129 +119,9 @@ impl<'de> Deserialize<'de> for NodeView {
     }
 }
 
-/// The nodes of one shape, and the snapshot of them reviews read (None: to be rebuilt).
-#[derive(Default)]
-struct Slot {
-    /// Node name to its hostname label.
-    hosts: BTreeMap<String, Option<String>>,
-    published: Option<Arc<Shape>>,
-}
-
-/// The nodes by shape, kept up to date one node at a time.
-#[derive(Default)]
-pub struct ShapeIndex {
-    /// Each node's shape (None: cordoned), shared with the nodes of that shape.
-    nodes: HashMap<String, Option<Arc<ShapeKey>>>,
-    shapes: BTreeMap<Arc<ShapeKey>, Slot>,
-    cordoned: usize,
-}
-
-impl ShapeIndex {
-    /// Takes in a node added or changed; whether the snapshot changes.
-    pub fn apply(&mut self, node: &Node) -> bool {
-        let name = node.metadata.name.as_deref().unwrap_or("");
-        let new = capacity::shape_of(node);
-        match (self.nodes.get(name), &new) {
-            // Still cordoned.
-            (Some(None), None) => return false,
-            // Of the same shape: only its hostname label may have changed.
-            (Some(Some(old)), Some((key, host))) if **old == *key => {
-                let old = old.clone();
-                let Some(slot) = self.shapes.get_mut(&old) else {
-                    return false;
-                };
-                if slot.hosts.get(name) == Some(&host.hostname) {
-                    return false;
-                }
-                slot.hosts.insert(name.to_owned(), host.hostname.clone());
-                slot.published = None;
-                return true;
-            }
-            _ => {}
-        }
-        self.remove(name);
-        match new {
-            None => {
-                self.cordoned += 1;
-                self.nodes.insert(name.to_owned(), None);
-            }
-            Some((key, host)) => {
-                let key = match self.shapes.get_key_value(&key) {
-                    Some((k, _)) => k.clone(),
-                    None => Arc::new(key),
-                };
-                let slot = self.shapes.entry(key.clone()).or_default();
-                slot.hosts.insert(host.name, host.hostname);
-                slot.published = None;
-                self.nodes.insert(name.to_owned(), Some(key));
-            }
-        }
-        true
-    }
-
-    /// Takes out a deleted node; whether the snapshot changes.
-    pub fn delete(&mut self, name: &str) -> bool {
-        self.remove(name)
-    }
-
-    fn remove(&mut self, name: &str) -> bool {
-        match self.nodes.remove(name) {
-            None => false,
-            Some(None) => {
-                self.cordoned -= 1;
-                true
-            }
-            Some(Some(key)) => {
-                if let Some(slot) = self.shapes.get_mut(&key) {
-                    slot.hosts.remove(name);
-                    slot.published = None;
-                    if slot.hosts.is_empty() {
-                        self.shapes.remove(&key);
-                    }
-                }
-                true
-            }
-        }
-    }
-
-    /// Every node, cordoned or not.
-    pub fn len(&self) -> usize {
-        self.nodes.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
-    }
-
-    /// What reviews read: the shapes in order, each rebuilt only if a node entered or left
-    /// it since the last snapshot.
-    pub fn snapshot(&mut self) -> Nodes {
-        Nodes {
-            shapes: self
-                .shapes
-                .iter_mut()
-                .map(|(key, slot)| {
-                    slot.published
-                        .get_or_insert_with(|| {
-                            Arc::new(Shape {
-                                key: (**key).clone(),
-                                hosts: slot
-                                    .hosts
-                                    .iter()
-                                    .map(|(name, hostname)| Host {
-                                        name: name.clone(),
-                                        hostname: hostname.clone(),
-                                    })
-                                    .collect(),
-                            })
-                        })
-                        .clone()
-                })
-                .collect(),
-            cordoned: self.cordoned,
-        }
-    }
-}
+/// The nodes by shape, kept one node at a time: the engine's index (interned labels, a
+/// pool's nodes one shape, copy-on-write snapshots).
+pub use tollgate_core::capacity::Index as ShapeIndex;
 
 /// The nodes' watch into a [`ShapeIndex`], published to `published` for reviews.
 pub struct NodeSink {
@@ -337,7 +222,7 @@ mod tests {
     fn a_view_keeps_what_a_shape_is_made_of_and_nothing_else() {
         let full: Node = serde_json::from_value(node("gpu-1", "a100", "8")).unwrap();
         let v = view(node("gpu-1", "a100", "8"));
-        assert_eq!(capacity::shape_of(&v), capacity::shape_of(&full));
+        assert_eq!(Nodes::of([&v]), Nodes::of([&full]));
         assert_eq!(v.metadata.resource_version.as_deref(), Some("7"));
         assert!(v.metadata.annotations.is_none() && v.metadata.managed_fields.is_none());
         let status = v.status.unwrap();
@@ -345,86 +230,35 @@ mod tests {
         assert!(v.spec.unwrap().pod_cidr.is_none());
     }
 
-    /// The index, changed one node at a time, always equals `Nodes::of` the nodes as they
-    /// are; a node whose shape did not change changes nothing; shapes nobody entered or
-    /// left keep their snapshot.
+    /// The sink builds a relist beside what it serves, swaps at its end, and publishes
+    /// what changed at most every `PUBLISH_EVERY`.
     #[test]
-    fn the_index_follows_the_nodes_one_change_at_a_time() {
-        let mut index = ShapeIndex::default();
-        let mut now: BTreeMap<String, Node> = BTreeMap::new();
-        let check = |index: &mut ShapeIndex, now: &BTreeMap<String, Node>| {
-            assert_eq!(index.snapshot(), Nodes::of(now.values()));
-            assert_eq!(index.len(), now.len());
-        };
-        for i in 0..40 {
-            let pool = ["a100", "l4", "cpu"][i % 3];
-            let n = view(node(
-                &format!("n-{i:02}"),
-                pool,
-                if pool == "a100" { "8" } else { "4" },
-            ));
-            assert!(index.apply(&n));
-            now.insert(format!("n-{i:02}"), n);
-        }
-        check(&mut index, &now);
-        assert_eq!(index.snapshot().shapes.len(), 3);
-
-        // A heartbeat: the same shape, nothing to do.
-        let before = index.snapshot();
-        let mut beat = node("n-00", "a100", "8");
-        beat["status"]["conditions"][0]["lastHeartbeatTime"] = json!("2026-01-01T00:00:10Z");
-        assert!(!index.apply(&view(beat)));
-        let after = index.snapshot();
-        assert!(before
-            .shapes
-            .iter()
-            .zip(&after.shapes)
-            .all(|(a, b)| Arc::ptr_eq(a, b)));
-
-        // Relabelled: it moves to a shape of its own; the l4 shape keeps its snapshot.
-        let mut relabelled = node("n-00", "a100", "8");
-        relabelled["metadata"]["labels"]["nvidia.com/gpu.product"] = json!("H100");
-        let n = view(relabelled);
-        assert!(index.apply(&n));
-        now.insert("n-00".into(), n);
-        let moved = index.snapshot();
-        check(&mut index, &now);
-        assert_eq!(moved.shapes.len(), 4);
-        let l4 = |n: &Nodes| {
-            n.shapes
-                .iter()
-                .find(|s| s.key.labels["pool"] == "l4")
-                .unwrap()
-                .clone()
-        };
-        assert!(Arc::ptr_eq(&l4(&after), &l4(&moved)));
-
-        // Cordoned, then deleted; a shape left empty goes.
-        let mut cordoned = node("n-00", "a100", "8");
-        cordoned["spec"]["unschedulable"] = json!(true);
-        let n = view(cordoned);
-        assert!(index.apply(&n));
-        assert!(!index.apply(&n));
-        now.insert("n-00".into(), n);
-        check(&mut index, &now);
-        assert_eq!(index.snapshot().cordoned, 1);
-        assert_eq!(index.snapshot().shapes.len(), 3);
-        assert!(index.delete("n-00"));
-        assert!(!index.delete("n-00"));
-        now.remove("n-00");
-        check(&mut index, &now);
-
-        // A new hostname label on a node of the same shape.
-        let mut renamed = node("n-01", "l4", "4");
-        renamed["metadata"]["labels"]["kubernetes.io/hostname"] = json!("host-01");
-        let n = view(renamed);
-        assert!(index.apply(&n));
-        now.insert("n-01".into(), n);
-        check(&mut index, &now);
-        // An allocatable change (a device plugin restarting) moves it too.
-        let n = view(node("n-03", "a100", "0"));
-        assert!(index.apply(&n));
-        now.insert("n-03".into(), n);
-        check(&mut index, &now);
+    fn the_sink_swaps_a_complete_list_and_holds_back_changes() {
+        let published = Arc::new(ArcSwap::from_pointee(Nodes::default()));
+        let mut sink = NodeSink::new(published.clone());
+        let apply = |v: Value| NodeView(view(v));
+        sink.event(watcher::Event::Init);
+        sink.event(watcher::Event::InitApply(apply(node("a", "a100", "8"))));
+        sink.event(watcher::Event::InitApply(apply(node("b", "l4", "4"))));
+        assert_eq!(
+            published.load().count(),
+            0,
+            "nothing before the list is complete"
+        );
+        sink.event(watcher::Event::InitDone);
+        assert_eq!(published.load().count(), 2);
+        sink.event(watcher::Event::Apply(apply(node("c", "l4", "4"))));
+        assert_eq!(published.load().count(), 2, "held back");
+        assert!(sink.due().is_some());
+        sink.publish();
+        assert_eq!(published.load().count(), 3);
+        assert_eq!(published.load().shapes.len(), 2);
+        // A heartbeat changes nothing to publish.
+        sink.event(watcher::Event::Apply(apply(node("c", "l4", "4"))));
+        assert!(sink.due().is_none());
+        sink.event(watcher::Event::Delete(apply(node("a", "a100", "8"))));
+        sink.publish();
+        assert_eq!(published.load().shapes.len(), 1);
+        assert_eq!(sink.len(), 2);
     }
 }

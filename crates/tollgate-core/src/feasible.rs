@@ -29,7 +29,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::capacity::{Nodes, Shape, Taint, HOSTNAME_LABEL};
+use crate::capacity::{Nodes, Shape, Taint};
 use crate::cluster::{Cluster, Lookup};
 use crate::quantity;
 use crate::words::quote;
@@ -611,21 +611,22 @@ fn check_nodes(pod: &Pod, nodes: &Nodes, out: &mut Feasibility) {
     let mut allowed: Vec<(&Shape, usize)> = vec![];
     let mut by_selector = 0usize;
     let mut untolerated: BTreeMap<&Taint, usize> = BTreeMap::new();
-    // Only a pod that names nodes (`nodeName`, the hostname label, `metadata.name`) tells
-    // the hosts of one shape apart; for any other, one look per shape answers for all its
-    // hosts, so the cost does not grow with the node count.
-    let per_host = names_nodes(pod);
+    // Only a pod that names nodes (`nodeName`, `metadata.name`, a label the hosts of a
+    // shape differ in: the hostname's) tells the hosts of one shape apart; for any other,
+    // one look per shape answers for all its hosts, so the cost does not grow with the node
+    // count.
+    let per_host = names_nodes(pod, nodes);
     for shape in &nodes.shapes {
         let hosts = if per_host {
             shape
                 .hosts
                 .iter()
                 .filter(|h| {
-                    spec.node_name.as_deref().is_none_or(|n| n == h.name)
-                        && selected(pod, &shape.key.labels, &h.name, h.hostname.as_deref())
+                    spec.node_name.as_deref().is_none_or(|n| n == &*h.name)
+                        && selected(pod, |k| shape.label(h, k), &h.name)
                 })
                 .count()
-        } else if selected(pod, &shape.key.labels, "", None) {
+        } else if selected(pod, |k| shape.key.labels.get(k), "") {
             shape.hosts.len()
         } else {
             0
@@ -774,7 +775,8 @@ fn selector_values(pod: &Pod, nodes: &Nodes) -> Vec<String> {
     };
     let mut out = vec![];
     for (k, v) in selector {
-        if k == HOSTNAME_LABEL {
+        // A value per node: not worth listing.
+        if nodes.is_host_key(k) {
             continue;
         }
         let mut values: BTreeMap<&str, usize> = BTreeMap::new();
@@ -835,8 +837,8 @@ fn required_terms(pod: &Pod) -> Option<&Vec<k8s_openapi::api::core::v1::NodeSele
 }
 
 /// Whether the pod's `nodeName`, `nodeSelector` or required node affinity read what differs
-/// from node to node of one shape: its name or its hostname label.
-fn names_nodes(pod: &Pod) -> bool {
+/// from node to node of one shape: its name, or a label of the host keys (the hostname's).
+fn names_nodes(pod: &Pod, nodes: &Nodes) -> bool {
     let Some(spec) = pod.spec.as_ref() else {
         return false;
     };
@@ -844,33 +846,21 @@ fn names_nodes(pod: &Pod) -> bool {
         || spec
             .node_selector
             .as_ref()
-            .is_some_and(|s| s.contains_key(HOSTNAME_LABEL))
+            .is_some_and(|s| s.keys().any(|k| nodes.is_host_key(k)))
         || required_terms(pod).is_some_and(|terms| {
             terms.iter().any(|t| {
                 t.match_fields.as_ref().is_some_and(|f| !f.is_empty())
                     || t.match_expressions
                         .iter()
                         .flatten()
-                        .any(|r| r.key == HOSTNAME_LABEL)
+                        .any(|r| nodes.is_host_key(&r.key))
             })
         })
 }
 
-/// Whether a node of these labels (its hostname aside) and name passes the pod's
-/// `nodeSelector` and required node affinity (terms ORed, requirements ANDed).
-fn selected(
-    pod: &Pod,
-    labels: &BTreeMap<String, String>,
-    name: &str,
-    hostname: Option<&str>,
-) -> bool {
-    let label = |k: &str| {
-        if k == HOSTNAME_LABEL {
-            hostname
-        } else {
-            labels.get(k).map(String::as_str)
-        }
-    };
+/// Whether a node whose labels `label` reads, of this name, passes the pod's `nodeSelector`
+/// and required node affinity (terms ORed, requirements ANDed).
+fn selected<'a>(pod: &Pod, label: impl Fn(&str) -> Option<&'a str>, name: &str) -> bool {
     let spec = pod.spec.as_ref();
     if let Some(s) = spec.and_then(|s| s.node_selector.as_ref()) {
         if !s.iter().all(|(k, v)| label(k) == Some(v.as_str())) {
@@ -1207,7 +1197,7 @@ mod tests {
                 ..Feasibility::default()
             };
             check_nodes(&pod, &nodes, &mut out);
-            (names_nodes(&pod), out.findings.len())
+            (names_nodes(&pod, &nodes), out.findings.len())
         };
         let c = json!([{"name": "c", "resources": {"requests": {"cpu": "1"}}}]);
         let term = |e: serde_json::Value| {
