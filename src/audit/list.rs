@@ -17,6 +17,7 @@ use serde_json::Value;
 use super::{classify, AuditError, Auditor, Namespaces, Needs};
 use crate::cluster::dra;
 use crate::cluster::nodes::{NodeView, ShapeIndex};
+use crate::cluster::pages;
 use tollgate_core::capacity::Nodes;
 use tollgate_core::cluster::{self, Objects};
 use tollgate_core::policy::{FeasibilityMode, Policy};
@@ -178,22 +179,19 @@ pub async fn cluster_wide(a: &Auditor, policy: &Policy) -> Result<ClusterWide, A
     if !judges_feasibility(policy) {
         return Ok(wide);
     }
-    let api: Api<NodeView> = Api::all(a.client.clone());
+    // Node by node as each page arrives (`pages`): a node is 25 KB of JSON, its summary a
+    // few hundred bytes.
+    let url = Api::<NodeView>::all(a.client.clone())
+        .resource_url()
+        .to_owned();
     let mut index = ShapeIndex::default();
-    let mut lp = ListParams::default().limit(a.page_size);
-    let listed = loop {
-        match api.list(&lp).await {
-            Ok(page) => {
-                for n in &page.items {
-                    index.apply(&n.0);
-                }
-                match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                    Some(c) => lp = lp.continue_token(&c),
-                    None => break true,
-                }
-            }
-            Err(e) => break unreadable(a, "nodes", None, e)?,
-        }
+    let listed = match pages::list_all(&a.client, &url, a.page_size, |n: NodeView| {
+        index.apply(&n.0);
+    })
+    .await
+    {
+        Ok(_) => true,
+        Err(e) => unreadable(a, "nodes", None, e)?,
     };
     if listed {
         wide.nodes = Some(Arc::new(index.snapshot()));
@@ -524,6 +522,46 @@ pub struct Pager<'a> {
     params: Option<ListParams>,
 }
 
+/// One page of objects as the apiserver sent them: each object's JSON text, read into a
+/// value only when it is judged ([`Page::objects`]). A pod as JSON text is a few KB, as a
+/// `serde_json::Value` several times that: a page of 500 held as values was most of what an
+/// audit held.
+pub struct Page<'a> {
+    kind: &'a ApiResource,
+    items: Vec<Box<[u8]>>,
+}
+
+impl<'a> Page<'a> {
+    /// The page's objects, in order, each with the `apiVersion` and `kind` list items
+    /// lack, and without managedFields.
+    pub fn objects(self) -> impl Iterator<Item = Result<Value, AuditError>> + 'a {
+        let kind = self.kind;
+        self.items.into_iter().map(move |raw| {
+            let mut item: Value = serde_json::from_slice(&raw).map_err(|e| AuditError::Api {
+                what: format!("list {}", kind.plural),
+                detail: e.to_string(),
+            })?;
+            if let Some(o) = item.as_object_mut() {
+                o.entry("apiVersion")
+                    .or_insert_with(|| kind.api_version.clone().into());
+                o.entry("kind").or_insert_with(|| kind.kind.clone().into());
+                if let Some(Value::Object(m)) = o.get_mut("metadata") {
+                    m.remove("managedFields");
+                }
+            }
+            Ok(item)
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
 impl<'a> Pager<'a> {
     pub fn new(auditor: &'a Auditor, kind: &'a ApiResource, namespace: &'a str) -> Self {
         let mut params = ListParams::default().limit(auditor.page_size);
@@ -538,14 +576,14 @@ impl<'a> Pager<'a> {
         }
     }
 
-    /// The next page's objects (with `apiVersion` and `kind`, which list items lack), or
-    /// None after the last.
+    /// The next page's objects, or None after the last. The page is read item by item as
+    /// it arrives (`cluster::pages`), each item kept as its text.
     ///
     /// A continue token can expire while a slow (paced) audit works through a namespace
     /// (etcd compacts every five minutes); the apiserver's 410 then carries a token for the
     /// rest of the list at a newer resourceVersion, which is taken: an audit reports the
     /// cluster as it is, and a page seen slightly later is no less true.
-    pub async fn next(&mut self) -> Result<Option<Vec<Value>>, AuditError> {
+    pub async fn next(&mut self) -> Result<Option<Page<'a>>, AuditError> {
         let Some(mut lp) = self.params.take() else {
             return Ok(None);
         };
@@ -556,14 +594,13 @@ impl<'a> Pager<'a> {
             resource: &self.kind.plural,
             namespace: Some(self.namespace),
         };
-        let page: RawList = loop {
-            let request = kube::core::Request::new(path.clone())
-                .list(&lp)
-                .map_err(|e| AuditError::Api {
-                    what: format!("list {}", self.kind.plural),
-                    detail: e.to_string(),
-                })?;
-            match self.auditor.client.request(request).await {
+        let read = |e| classify(&self.auditor.url, needs, e);
+        let mut page = loop {
+            match pages::PageReader::open_with(&self.auditor.client, &path, &lp, |item| {
+                Ok(Box::from(item))
+            })
+            .await
+            {
                 Ok(page) => break page,
                 Err(kube::Error::Api(s))
                     if s.code == 410
@@ -573,22 +610,21 @@ impl<'a> Pager<'a> {
                     let c = fresh_token(&s).unwrap_or_default().to_owned();
                     lp = lp.continue_token(&c);
                 }
-                Err(e) => return Err(classify(&self.auditor.url, needs, e)),
+                Err(e) => return Err(read(e)),
             }
         };
-        if let Some(c) = page.metadata.continue_.filter(|c| !c.is_empty()) {
+        let mut items = vec![];
+        while let Some(item) = page.next().await.map_err(read)? {
+            items.push(item);
+        }
+        let meta = page.finish().map_err(read)?;
+        if let Some(c) = meta.continue_.filter(|c| !c.is_empty()) {
             self.params = Some(lp.continue_token(&c));
         }
-        let mut items = page.items;
-        for item in &mut items {
-            if let Some(o) = item.as_object_mut() {
-                o.entry("apiVersion")
-                    .or_insert_with(|| self.kind.api_version.clone().into());
-                o.entry("kind")
-                    .or_insert_with(|| self.kind.kind.clone().into());
-            }
-        }
-        Ok(Some(items))
+        Ok(Some(Page {
+            kind: self.kind,
+            items,
+        }))
     }
 }
 

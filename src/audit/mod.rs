@@ -430,7 +430,8 @@ impl Auditor {
                     }
                     Err(e) => return Err(e),
                 };
-                for object in page {
+                for object in page.objects() {
+                    let object = object?;
                     // A workload a controller made (a Deployment's ReplicaSet, a CronJob's
                     // Job) is its parent's template again: judged at the parent, and
                     // its pods are judged as pods.

@@ -16,6 +16,7 @@ pub mod dra;
 mod kueue;
 pub mod nodes;
 pub mod objects;
+pub mod pages;
 mod quotas;
 mod watch;
 

@@ -57,6 +57,7 @@ use super::dra::{self, ClassSink, Discovery, Raw};
 use super::kueue::{self, QueueSink, Queues, KUEUE_API_VERSIONS};
 use super::nodes::{NodeSink, NodeView};
 use super::objects::PolicyObjects;
+use super::pages;
 use super::quotas::{self, QuotaSink};
 use super::{BoxFuture, ClusterContext, ResourceStatus};
 use tollgate_core::capacity::Nodes;
@@ -370,12 +371,18 @@ impl Watched {
             |n: &mut Namespace| n.status = None,
         );
         let nodes = Arc::new(ArcSwap::from_pointee(Nodes::default()));
-        let t4 = spawn_watch(
-            Api::<NodeView>::all(client.clone()),
-            &health.nodes,
-            NodeSink::new(nodes.clone()),
-            |_: &mut NodeView| {},
-        );
+        // Its list read node by node as it arrives (`pages::watch`), never a page whole: a
+        // page of nodes is 25 KB of JSON a node, and what a review needs of one is a few
+        // hundred bytes.
+        let t4 = {
+            let api = Api::<NodeView>::all(client.clone());
+            let health = health.nodes.clone();
+            let mut sink = NodeSink::new(nodes.clone());
+            tokio::spawn(async move {
+                let stream = pages::watch(api.clone(), PAGE_SIZE).default_backoff();
+                drive(stream, &health, &mut sink, &api, false).await;
+            })
+        };
         let quotas = Arc::new(RwLock::new(quotas::ByNamespace::new()));
         let t5 = spawn_watch(
             Api::<ResourceQuota>::all(client.clone()),
