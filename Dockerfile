@@ -21,11 +21,8 @@ COPY --from=build /tollgate /tollgate
 # file is here so that the CMD can name the path deploy/base mounts its ConfigMap at, and
 # the two stay one (tests/deploy.rs).
 COPY policies/default.yaml /etc/tollgate/policy/default.yaml
-# mimalloc gives the memory a thread frees back to the system at once, not a second later
-# on that thread's next allocation: the cluster context's first lists (5,000 nodes are
-# 45 MB of JSON) then leave nothing in the RSS of a worker that went idle. Measured: it
-# adds no system call to a review (docs/operations.md, "Memory").
-ENV MIMALLOC_PURGE_DELAY=0
+# No environment of its own: the binary sets its allocator's options itself (src/main.rs),
+# so that the image, the chart and a binary run by hand hold the same memory.
 USER 65532:65532
 EXPOSE 8443 9090
 ENTRYPOINT ["/tollgate"]

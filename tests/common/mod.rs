@@ -460,7 +460,9 @@ pub mod process {
     /// [`serve`] without `--policy`, run from `dir`: the built-in policy, and no
     /// `policies/` directory anywhere the server could find one.
     pub fn serve_builtin(dir: TempDir, ca_pem: String, extra: &[&str]) -> Served {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        let bin = std::env::var("TOLLGATE_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_tollgate").to_owned());
+        let mut cmd = Command::new(bin);
         cmd.arg("serve").current_dir(dir.path());
         spawn(cmd, dir, ca_pem, "json", extra)
     }
@@ -479,8 +481,9 @@ pub mod process {
             .args(["--listen", "127.0.0.1:0", "--log-format", log_format])
             .args(extra)
             .env_remove("RUST_LOG")
-            // As the image runs it (Dockerfile): what the memory figures are measured with.
-            .env("MIMALLOC_PURGE_DELAY", "0")
+            // As the image and the chart run it: the allocator's options are the binary's
+            // own (src/main.rs), never the environment's.
+            .env_remove("MIMALLOC_PURGE_DELAY")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
