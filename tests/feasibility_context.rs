@@ -956,9 +956,10 @@ async fn until_idle(pid: u32) -> u64 {
 /// about 9 KB of JSON, as a kubelet keeps it, written to the real apiserver); then every
 /// node's heartbeat rewritten once (the shapes unchanged), with the CPU that cost and the
 /// RSS after. The nodes must cost within 10 MiB, at ready and after. Run alone (the nodes
-/// stay on the isolated control plane for the rest of the run). A release build is what
-/// the figures in docs/operations.md are of: `TOLLGATE_BIN=target/release/tollgate cargo
-/// test --test integration feasibility_context::memory -- --ignored --nocapture`.
+/// stay on the isolated control plane for the rest of the run), with a release build:
+/// `TOLLGATE_BIN=target/release/tollgate cargo test --test integration
+/// feasibility_context::memory -- --ignored --nocapture`. (The figures of docs/operations.md
+/// are tests/scale.rs's, of GPU nodes as the GPU Operator labels them.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn memory_of_5000_nodes() {
@@ -1025,9 +1026,9 @@ async fn memory_of_5000_nodes() {
         mib(after),
         mib(status_kib(pid, "VmHWM:"))
     );
-    // Run as the image runs it (`MIMALLOC_PURGE_DELAY=0`, see the Dockerfile): without it,
-    // the pages the first list passed through stay in the RSS of the worker threads that
-    // freed them until those allocate again (56 MiB more at ready in a release build).
+    // The binary gives freed memory back at once (src/main.rs): without it, the pages the
+    // first list passed through stay in the RSS of the worker threads that freed them until
+    // those allocate again (56 MiB more at ready in a release build).
     assert!(
         with.rss_kib < on_rss + 10 * 1024 && after < on_rss + 10 * 1024,
         "5,000 nodes cost more than 10 MiB: {:.1} MiB at ready, {:.1} MiB after",

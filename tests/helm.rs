@@ -30,7 +30,7 @@ use std::sync::OnceLock;
 
 use serde_json::{json, Value};
 
-const CHART: &str = "deploy/helm/tollgate";
+pub(crate) const CHART: &str = "deploy/helm/tollgate";
 const NAMESPACE: &str = "tollgate-system";
 
 /// The cases rendered, by name, with their values.
@@ -492,7 +492,7 @@ fn the_charts_copies_are_the_originals() {
 }
 
 /// Runs tests/helm/install.py with `request`: its answer.
-fn install_py(request: Value) -> Option<Value> {
+pub(crate) fn install_py(request: Value) -> Option<Value> {
     run_py("tests/helm/install.py", &request)
 }
 

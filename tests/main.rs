@@ -35,6 +35,7 @@ mod policy_objects;
 mod readme;
 mod regressions;
 mod reload;
+mod scale;
 mod self_managed_certs;
 mod shutdown;
 mod soak;
