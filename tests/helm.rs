@@ -491,6 +491,28 @@ fn the_charts_copies_are_the_originals() {
     }
 }
 
+/// A rendered container's arguments, the value after each of `flags` replaced (the
+/// policy's path, the addresses: what a test runs the Deployment's command with).
+pub(crate) fn container_args<const N: usize>(
+    container: &Value,
+    flags: [(&str, String); N],
+) -> Vec<String> {
+    let mut args: Vec<String> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    for (flag, value) in flags {
+        let i = args
+            .iter()
+            .position(|a| a == flag)
+            .unwrap_or_else(|| panic!("{flag} in {args:?}"));
+        args[i + 1] = value;
+    }
+    args
+}
+
 /// Runs tests/helm/install.py with `request`: its answer.
 pub(crate) fn install_py(request: Value) -> Option<Value> {
     run_py("tests/helm/install.py", &request)
@@ -719,23 +741,14 @@ async fn the_chart_installed_runs_tollgate_with_its_rbac_sufficient_and_no_wider
     let policy = &stored[&format!("ConfigMap/{policy_map}")]["data"];
     let policy_file = dir.path().join("default.yaml");
     std::fs::write(&policy_file, policy["default.yaml"].as_str().unwrap()).unwrap();
-    let mut args: Vec<String> = container["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap().to_owned())
-        .collect();
-    for (flag, value) in [
-        ("--policy", policy_file.display().to_string()),
-        ("--listen", "127.0.0.1:0".to_owned()),
-        ("--metrics-listen", "127.0.0.1:0".to_owned()),
-    ] {
-        let i = args
-            .iter()
-            .position(|a| a == flag)
-            .unwrap_or_else(|| panic!("{flag} in {args:?}"));
-        args[i + 1] = value;
-    }
+    let mut args = container_args(
+        container,
+        [
+            ("--policy", policy_file.display().to_string()),
+            ("--listen", "127.0.0.1:0".to_owned()),
+            ("--metrics-listen", "127.0.0.1:0".to_owned()),
+        ],
+    );
     args.extend(["--kubeconfig".to_owned(), kubeconfig.display().to_string()]);
     // A TollgateProfile for the installed tollgate to put in force, and its status Ready
     // (written by whichever server holds its namespace's status Lease first: other tests'

@@ -175,15 +175,11 @@ async fn serve_plainly(cluster: Option<&Path>, extra: &[&str]) -> (Served, Durat
     (served, started.elapsed())
 }
 
-/// Sends `count` copies of `body` to `/validate` over `CONNECTIONS` kept-alive HTTP/2
-/// connections, each answered 200 and allowed; the wall time.
-async fn validations(served: &Served, body: &[u8], count: usize) -> Duration {
-    let mut clients = vec![];
-    for _ in 0..CONNECTIONS {
-        clients.push(Client::connect(served.addr, &served.ca_pem, true).await);
-    }
+/// Sends `count` copies of `body` to `/validate` over `clients` (kept-alive connections),
+/// each answered 200 and allowed; the wall time.
+async fn validations(clients: Vec<Client>, body: &[u8], count: usize) -> Duration {
     let started = Instant::now();
-    let per = count / CONNECTIONS;
+    let per = count / clients.len();
     let tasks: Vec<_> = clients
         .into_iter()
         .map(|mut c| {
@@ -236,7 +232,11 @@ async fn measure(cluster: Option<&Path>, nodes: usize) -> Run {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pid = served.pid();
     let at_ready = Memory::of(pid);
-    let took = validations(&served, &gpu_validation(1), VALIDATIONS).await;
+    let mut clients = vec![];
+    for _ in 0..CONNECTIONS {
+        clients.push(Client::connect(served.addr, &served.ca_pem, true).await);
+    }
+    let took = validations(clients, &gpu_validation(1), VALIDATIONS).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let after = Memory::of(pid);
     Run {
@@ -476,55 +476,9 @@ async fn audit_of_20000_pods() {
 
 /// An HTTP/2 client of a replica serving the chart's self-managed certificate (for the
 /// Service's names, signed by the CA of the Secret `tollgate-tls`).
-async fn connect_as_service(
-    addr: std::net::SocketAddr,
-    ca_pem: &str,
-    service_name: &str,
-) -> hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>> {
-    use rustls::pki_types::ServerName;
+async fn connect_as_service(addr: std::net::SocketAddr, ca_pem: &str, service: &str) -> Client {
     let cfg = common::net::client_config(ca_pem, &[b"h2"], None);
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    tcp.set_nodelay(true).unwrap();
-    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
-        .connect(ServerName::try_from(service_name.to_owned()).unwrap(), tcp)
-        .await
-        .unwrap();
-    let (send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tls),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
-    send
-}
-
-/// One request over `send`: its status and body.
-async fn send_to(
-    send: &mut hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
-    method: &str,
-    path: &str,
-    body: Vec<u8>,
-) -> (u16, Vec<u8>) {
-    use http_body_util::BodyExt as _;
-    let req = hyper::Request::builder()
-        .method(method)
-        .uri(format!("https://tollgate{path}"))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-        .unwrap();
-    send.ready().await.unwrap();
-    let resp = send.send_request(req).await.unwrap();
-    let status = resp.status().as_u16();
-    (
-        status,
-        resp.into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes()
-            .to_vec(),
-    )
+    Client::connect_to(addr, cfg, service).await.unwrap()
 }
 
 /// The chart's two replicas (its defaults: self-managed certificates, the cluster context
@@ -604,20 +558,14 @@ async fn chart_replicas_with_gpu_nodes() {
                 .unwrap()
         };
         let (listen, metrics) = (port(0), port(1));
-        let mut args: Vec<String> = container["args"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a.as_str().unwrap().to_owned())
-            .collect();
-        for (flag, value) in [
-            ("--policy", policy.display().to_string()),
-            ("--listen", listen.to_string()),
-            ("--metrics-listen", metrics.to_string()),
-        ] {
-            let i = args.iter().position(|a| a == flag).unwrap();
-            args[i + 1] = value;
-        }
+        let mut args = crate::helm::container_args(
+            container,
+            [
+                ("--policy", policy.display().to_string()),
+                ("--listen", listen.to_string()),
+                ("--metrics-listen", metrics.to_string()),
+            ],
+        );
         args.extend(["--kubeconfig".into(), kubeconfig.display().to_string()]);
         let child = std::process::Command::new(&bin)
             .args(&args)
@@ -649,7 +597,7 @@ async fn chart_replicas_with_gpu_nodes() {
                 continue;
             }
             let mut c = connect_as_service(*addr, &ca_pem, &service).await;
-            if send_to(&mut c, "GET", "/readyz", vec![]).await.0 == 200 {
+            if common::net::ready(&mut c).await.0 == 200 {
                 ready[r] = Some(started.elapsed());
             }
             assert!(
@@ -666,7 +614,7 @@ async fn chart_replicas_with_gpu_nodes() {
         // The nodes known: a replica whose RBAC was not in force yet at its first list
         // is ready without them, and lists them on its watch's retry.
         loop {
-            let (_, answer) = send_to(&mut c, "POST", "/validate", gpu_validation(16)).await;
+            let (_, answer) = c.post("/validate", gpu_validation(16)).await;
             let answer: Value = serde_json::from_slice(&answer).unwrap();
             let w = common::net::warnings(&answer["response"]);
             if w.contains(&format!("of the {n} nodes it may use offers 8")) {
@@ -685,25 +633,7 @@ async fn chart_replicas_with_gpu_nodes() {
         for _ in 0..CONNECTIONS {
             clients.push(connect_as_service(*addr, &ca_pem, &service).await);
         }
-        let body = gpu_validation(1);
-        let t = Instant::now();
-        let tasks: Vec<_> = clients
-            .into_iter()
-            .map(|mut c| {
-                let body = body.clone();
-                tokio::spawn(async move {
-                    for _ in 0..VALIDATIONS / CONNECTIONS {
-                        let (status, answer) =
-                            send_to(&mut c, "POST", "/validate?timeout=10s", body.clone()).await;
-                        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
-                    }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.unwrap();
-        }
-        let took = t.elapsed();
+        let took = validations(clients, &gpu_validation(1), VALIDATIONS).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let after = Memory::of(pid);
         runs.push(Run {

@@ -341,6 +341,24 @@ where
     })
 }
 
+/// An object's change seen by a watch, and the watch going on from its resourceVersion (or
+/// listing again, if it has none).
+#[allow(clippy::type_complexity)]
+fn watched<K>(
+    resource_version: String,
+    stream: BoxStream<'static, kube::Result<WatchEvent<K>>>,
+    event: watcher::Event<K>,
+) -> (Option<Result<watcher::Event<K>, watcher::Error>>, State<K>) {
+    if resource_version.is_empty() {
+        return (Some(Err(watcher::Error::NoResourceVersion)), State::Empty);
+    }
+    let watching = State::Watching {
+        resource_version,
+        stream,
+    };
+    (Some(Ok(event)), watching)
+}
+
 /// One step of [`watch`]: what it says (if anything) and where it is then.
 async fn step<K>(
     api: &Api<K>,
@@ -420,27 +438,9 @@ where
             let version = |k: &K| k.meta().resource_version.clone().unwrap_or_default();
             match next {
                 Some(Ok(WatchEvent::Added(k) | WatchEvent::Modified(k))) => {
-                    let resource_version = version(&k);
-                    if resource_version.is_empty() {
-                        return (Some(Err(Error::NoResourceVersion)), State::Empty);
-                    }
-                    let watching = State::Watching {
-                        resource_version,
-                        stream,
-                    };
-                    (Some(Ok(Event::Apply(k))), watching)
+                    watched(version(&k), stream, Event::Apply(k))
                 }
-                Some(Ok(WatchEvent::Deleted(k))) => {
-                    let resource_version = version(&k);
-                    if resource_version.is_empty() {
-                        return (Some(Err(Error::NoResourceVersion)), State::Empty);
-                    }
-                    let watching = State::Watching {
-                        resource_version,
-                        stream,
-                    };
-                    (Some(Ok(Event::Delete(k))), watching)
-                }
+                Some(Ok(WatchEvent::Deleted(k))) => watched(version(&k), stream, Event::Delete(k)),
                 Some(Ok(WatchEvent::Bookmark(b))) => (
                     None,
                     State::Watching {

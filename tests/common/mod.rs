@@ -223,10 +223,19 @@ pub mod net {
         addr: SocketAddr,
         cfg: rustls::ClientConfig,
     ) -> std::io::Result<TlsStream<TcpStream>> {
+        tls_connect_to(addr, cfg, "localhost").await
+    }
+
+    /// [`tls_connect`] to a server whose certificate is for `name`.
+    pub async fn tls_connect_to(
+        addr: SocketAddr,
+        cfg: rustls::ClientConfig,
+        name: &str,
+    ) -> std::io::Result<TlsStream<TcpStream>> {
         let tcp = TcpStream::connect(addr).await?;
         tcp.set_nodelay(true)?;
         TlsConnector::from(Arc::new(cfg))
-            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .connect(ServerName::try_from(name.to_owned()).unwrap(), tcp)
             .await
     }
 
@@ -248,7 +257,17 @@ pub mod net {
             addr: SocketAddr,
             cfg: rustls::ClientConfig,
         ) -> std::io::Result<Client> {
-            let tls = tls_connect(addr, cfg).await?;
+            Self::connect_to(addr, cfg, "localhost").await
+        }
+
+        /// [`Client::connect_with`] a server whose certificate is for `name` (a
+        /// Service's, say).
+        pub async fn connect_to(
+            addr: SocketAddr,
+            cfg: rustls::ClientConfig,
+            name: &str,
+        ) -> std::io::Result<Client> {
+            let tls = tls_connect_to(addr, cfg, name).await?;
             let negotiated = tls.get_ref().1.alpn_protocol().map(|p| p.to_vec());
             let io = TokioIo::new(tls);
             if negotiated.as_deref() == Some(b"h2") {
