@@ -23,19 +23,8 @@ use apiserver::{ApiServer, ResourceType, Verb};
 use serde_json::{json, Value};
 use tollgate_apiserver_standin as apiserver;
 
-/// Runs the binary (on a blocking thread: the stand-in answers on this runtime).
-async fn tollgate(args: Vec<String>) -> Output {
-    tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(&args)
-            .env_remove("KUBECONFIG")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap()
-}
+/// The binary, on a blocking thread: the stand-in answers on this runtime.
+use common::bin::run_blocking as tollgate;
 
 struct Cluster {
     api: ApiServer,
@@ -157,76 +146,46 @@ fn golden_pods() -> Vec<GoldenPod> {
 /// The golden pods of the cases named `feasibility-*` alone (`feasibility`), or of all the
 /// others.
 fn read_golden_pods(feasibility: bool) -> Vec<GoldenPod> {
-    let dirs = common::golden_dirs();
     let mut out = vec![];
-    for dir in dirs {
-        let case_name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    for case in common::golden::cases() {
         // Workload cases: their pods' judgement is the templates' (tested in golden.rs).
-        if dir.join("workload.yaml").exists() {
+        if case.dir.join("workload.yaml").exists() {
             continue;
         }
         // Feasibility cases: what the cluster offers (nodes, quotas, DeviceClasses) is
         // held to the audit in audit_reports_what_can_never_run, against a cluster that
         // has them.
-        if case_name.starts_with("feasibility-") != feasibility {
+        if case.name.starts_with("feasibility-") != feasibility {
             continue;
         }
-        let spec: Value =
-            serde_saphyr::from_str(&std::fs::read_to_string(dir.join("case.yaml")).unwrap())
-                .unwrap();
-        let (namespace, mut pod) = if dir.join("review.json").exists() {
-            let v: Value =
-                serde_json::from_slice(&std::fs::read(dir.join("review.json")).unwrap()).unwrap();
-            let r = &v["request"];
-            if r["operation"] != "CREATE" || r["kind"]["kind"] != "Pod" {
-                continue;
-            }
-            (
-                r["namespace"].as_str().unwrap().to_owned(),
-                r["object"].clone(),
-            )
-        } else {
-            let p: Value =
-                serde_saphyr::from_str(&std::fs::read_to_string(dir.join("pod.yaml")).unwrap())
-                    .unwrap();
-            let ns = spec["namespace"]
-                .as_str()
-                .or_else(|| p["metadata"]["namespace"].as_str())
-                .unwrap_or("default")
-                .to_owned();
-            (ns, p)
-        };
+        if case
+            .request()
+            .is_some_and(|r| r["operation"] != "CREATE" || r["kind"]["kind"] != "Pod")
+        {
+            continue;
+        }
+        let namespace = case.namespace();
+        let mut pod = case.object().clone();
         let rename = |p: &mut Value, name: &str| {
             let m = p["metadata"].as_object_mut().unwrap();
             m.remove("generateName");
             m.insert("name".into(), json!(name));
             m.insert("namespace".into(), json!(namespace));
         };
-        rename(&mut pod, &case_name);
-        let mutated = std::fs::read_to_string(dir.join("mutated.yaml"))
-            .ok()
-            .map(|t| {
-                let mut m: Value = serde_saphyr::from_str(&t).unwrap();
-                rename(&mut m, &format!("{case_name}-as-mutated"));
-                m
-            });
-        let context = std::fs::read_to_string(dir.join("context.yaml"))
-            .ok()
-            .map(|t| tollgate::cli::documents(&t).unwrap())
-            .unwrap_or_default();
+        rename(&mut pod, &case.name);
+        let mutated = case.mutated().map(|mut m| {
+            rename(&mut m, &format!("{}-as-mutated", case.name));
+            m
+        });
         out.push(GoldenPod {
-            case: case_name,
-            endpoint: spec["endpoint"].as_str().unwrap().to_owned(),
-            policy: dir
-                .join("policy.yaml")
-                .exists()
-                .then(|| dir.join("policy.yaml")),
+            endpoint: case.spec.endpoint.clone(),
+            policy: case.policy.clone(),
             namespace,
             pod,
-            response: serde_json::from_slice(&std::fs::read(dir.join("response.json")).unwrap())
-                .unwrap(),
+            response: case.response(),
             mutated,
-            context,
+            context: case.context(),
+            case: case.name,
         });
     }
     out
