@@ -16,6 +16,7 @@ pub mod golden;
 pub mod identity;
 pub mod policy;
 pub mod rng;
+pub mod scheduling;
 pub mod tools;
 
 /// A pod with no resources at all, which validation refuses.
