@@ -61,6 +61,21 @@ pub async fn create(client: &Client, object: &Value) {
     }
 }
 
+/// [`create`] of a cluster-wide object other tests of the plane may create alike (a
+/// DeviceClass of the name the shipped policy knows): an AlreadyExists is one of them
+/// having done it.
+pub async fn create_shared(client: &Client, object: &Value) {
+    let obj: DynamicObject = serde_json::from_value(object.clone()).unwrap();
+    match api_of(client, object)
+        .create(&Default::default(), &obj)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("creating {}: {e}", name_of(object)),
+    }
+}
+
 /// A merge patch of `object` (found by its apiVersion, kind, namespace and name).
 pub async fn patch(client: &Client, object: &Value, patch: Value) {
     api_of(client, object)
