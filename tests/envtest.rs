@@ -76,7 +76,7 @@ async fn dra_versions(cp: &common::envtest::ControlPlane) -> Vec<String> {
 }
 
 /// Each plane serves the DRA versions its `--runtime-config` names: all three on the
-/// shared one, v1beta1 alone on the 1.32-like one, none on the bare one.
+/// shared one, v1beta1 alone on the one of an older cluster, none on the bare one.
 #[tokio::test]
 async fn each_plane_serves_the_dra_its_runtime_config_names() {
     let Some(cp) = common::envtest::plane() else {

@@ -101,8 +101,8 @@ struct Shape {
 
 impl Shape {
     /// DRA in every version 1.36 has (v1 is on by default; v1beta1 and v1beta2, which
-    /// clusters of 1.32 to 1.34 serve, are off by default and turned on), so that the
-    /// tests can send a claim of each.
+    /// older clusters serve, are off by default and turned on), so that the tests can send
+    /// a claim of each.
     const SERVED: Shape = Shape {
         runtime_config: "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true",
         controllers: None,
@@ -580,10 +580,11 @@ pub fn policy_objects_plane() -> Option<&'static ControlPlane> {
 
 static DRA_V1BETA1: OnceLock<Result<ControlPlane, Unstarted>> = OnceLock::new();
 
-/// A control plane that serves DRA only as `resource.k8s.io/v1beta1`, as Kubernetes 1.32 to
-/// 1.33 do (`--runtime-config` turns v1 and v1beta2 off), for what tollgate reads of such a
-/// cluster. No test installs a CRD on it. Its tests keep to namespaces, DeviceClasses and
-/// pools of nodes of their own, as on [`isolated_plane`].
+/// A control plane that serves DRA only as `resource.k8s.io/v1beta1`, DRA's first beta
+/// (`--runtime-config` turns v1 and v1beta2 off), for what tollgate reads of such a
+/// cluster. No test installs a CRD or makes a Node on it; its tests keep to namespaces of
+/// their own, and share the DeviceClass the shipped policy names (whichever comes first
+/// makes it).
 pub fn dra_v1beta1_plane() -> Option<&'static ControlPlane> {
     started(
         &DRA_V1BETA1,
