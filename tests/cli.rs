@@ -98,7 +98,7 @@ fn a_pod_without_requests_is_denied_with_exit_1_and_json_output() {
         Some(NOTEBOOK.as_bytes()),
     );
     assert_eq!(out.status.code(), Some(1));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     assert_eq!(v["decision"], "denied");
     assert!(v["message"]
         .as_str()
@@ -351,7 +351,7 @@ spec:
     let file = format!("{pod}---\n{template}");
     let out = tollgate(&["review", "--output", "json", "-"], Some(file.as_bytes()));
     assert_eq!(out.status.code(), Some(0));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     let tolerations = &v["mutatedPod"]["spec"]["tolerations"];
     assert_eq!(tolerations[0]["key"], "nvidia.com/gpu", "{v}");
     assert!(
@@ -361,7 +361,7 @@ spec:
 
     // Without the template the claim is unknown: no toleration, a warning that says so.
     let out = tollgate(&["review", "--output", "json", "-"], Some(pod.as_bytes()));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     assert!(v["mutatedPod"]["spec"]["tolerations"].is_null(), "{v}");
     assert!(v["warnings"][0]
         .as_str()
@@ -432,7 +432,7 @@ fn review_names_the_profile_and_takes_namespace_labels() {
                 .as_bytes(),
         ),
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     assert_eq!(v["profile"], "by-name", "{v}");
 
     // No labels known: no profile, the base enforces.
@@ -694,7 +694,7 @@ spec:
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     // One pod: the one result, naming its file; the v1beta1 template beside it, written
     // without a namespace, is in the pod's: the pod gets its GPU toleration.
     assert!(v["file"].as_str().unwrap().ends_with("a-pod.yaml"), "{v}");
@@ -738,7 +738,7 @@ spec:
 ";
     let out = tollgate(&["review", "--output", "json", "-"], Some(pod.as_bytes()));
     assert_eq!(out.status.code(), Some(1));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     let message = v["message"].as_str().unwrap();
     assert!(
         message.contains("has no request for cpu and memory"),
@@ -778,7 +778,7 @@ fn yaml_is_read_as_kubectl_reads_it() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     assert_eq!(v["allowed"], false, "{v:#}");
     let spec = &v["mutatedObject"]["spec"]["template"]["spec"];
     assert_eq!(spec["volumes"][0]["configMap"]["defaultMode"], 420, "{v:#}");
@@ -913,7 +913,7 @@ fn a_raycluster_with_yaml_1_1_octal_has_every_template_judged() {
         ],
         None,
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{v:#}");
     let decisions: Vec<&str> = v["templates"]
         .as_array()
@@ -1036,12 +1036,7 @@ fn review_judges_a_namespace_with_the_profile_in_its_input_and_no_other() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| {
-            (
-                r["kind"].as_str().unwrap_or("Pod"),
-                r["decision"].as_str().unwrap(),
-            )
-        })
+        .map(|r| (r["kind"].as_str().unwrap(), r["decision"].as_str().unwrap()))
         .collect();
     assert_eq!(
         decisions,
@@ -1083,7 +1078,7 @@ fn review_fails_a_profile_out_of_bounds_naming_the_field_and_the_bound() {
         Some(OUT_OF_BOUNDS.as_bytes()),
     );
     assert_eq!(alone.status.code(), Some(1), "{}", stderr(&alone));
-    let v: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
+    let v = only_result(&alone.stdout);
     assert_eq!(v["decision"], "denied");
     assert_eq!(v["reason"], "OutOfBounds");
     assert!(
@@ -1326,4 +1321,20 @@ spec:
     assert!(!line("team-a").contains("not reviewed"), "{text}");
     assert!(line("team-a").contains("denied"), "no requests: {text}");
     assert!(line("team-b").contains("not reviewed"), "{text}");
+}
+
+/// `review -o json`'s one result, for an input of one object: the output is a list
+/// whatever the number of objects, each result with its kind and name.
+fn only_result(stdout: &[u8]) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_slice(stdout).unwrap();
+    let results = v
+        .as_array()
+        .unwrap_or_else(|| panic!("a list of results: {v:#}"));
+    assert_eq!(results.len(), 1, "{v:#}");
+    let one = results[0].clone();
+    assert!(
+        one["kind"].is_string() && one["name"].is_string(),
+        "{one:#}"
+    );
+    one
 }

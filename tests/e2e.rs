@@ -654,9 +654,10 @@ async fn one(
         review.arg("--policy").arg(p);
     }
     let predicted = blocking(review).await;
-    let Ok(predicted) = serde_json::from_str::<Value>(&predicted.stdout) else {
+    // One object, so one result in the list review prints.
+    let Ok([predicted]) = serde_json::from_str::<[Value; 1]>(&predicted.stdout) else {
         return vec![format!(
-            "{name}: tollgate review printed no JSON: {}{}",
+            "{name}: tollgate review printed no list of one result: {}{}",
             predicted.stdout, predicted.stderr
         )];
     };

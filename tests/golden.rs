@@ -212,7 +212,13 @@ fn via_cli(case: &Case) -> Value {
         out.status.code(),
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("review --output json prints JSON")
+    let results: Value =
+        serde_json::from_slice(&out.stdout).expect("review --output json prints JSON");
+    // A list of results, whatever their number: this case's one object.
+    match results {
+        Value::Array(mut one) if one.len() == 1 => one.remove(0),
+        other => panic!("{}: one result expected: {other:#}", case.dir.display()),
+    }
 }
 
 /// Whether every leaf of `v` is the approval (as an annotation, or as the manager of a

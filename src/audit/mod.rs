@@ -186,7 +186,7 @@ impl Cluster for Via<'_> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Totals {
     pub namespaces: u64,
-    /// Objects judged, by kind (`Pod`).
+    /// Objects judged, by kind as a person reads it (`pod`, `job.batch.volcano.sh`).
     pub objects: BTreeMap<String, u64>,
     pub refused: u64,
     pub mutated: u64,
@@ -199,7 +199,9 @@ pub struct Totals {
 
 impl Totals {
     pub fn add(&mut self, a: &Audited) {
-        *self.objects.entry(a.object.kind.clone()).or_default() += 1;
+        // By the kind's name with its group where two share a name: a Volcano Job is not
+        // counted with batch's Jobs.
+        *self.objects.entry(a.object.noun()).or_default() += 1;
         self.refused += u64::from(a.refused());
         self.mutated += u64::from(a.mutated());
         match a.opt_out {
@@ -240,7 +242,7 @@ impl Totals {
         } else {
             self.objects
                 .iter()
-                .map(|(kind, n)| plural(*n, &kind.to_ascii_lowercase()))
+                .map(|(noun, n)| plural(*n, noun))
                 .collect::<Vec<_>>()
                 .join(", ")
         };

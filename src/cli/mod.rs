@@ -2,6 +2,7 @@
 
 mod audit;
 mod export;
+pub mod kubectl;
 mod objects;
 mod policy;
 mod review;

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 
+use super::kubectl::Manifests;
 use super::objects::{self, PolicyObjects};
 use tollgate_core::cluster::Objects;
 use tollgate_core::objects::explain::{self, Explained, Leaf};
@@ -30,12 +31,11 @@ pub struct PolicyArgs {
     /// Policy file (YAML) [default: the built-in policy, a copy of policies/default.yaml].
     #[arg(long)]
     pub policy: Option<PathBuf>,
-    /// The TollgatePolicy and TollgateProfiles to compose with it: a file or a directory
-    /// of .yaml, .yml and .json files, such as the output of `kubectl get
-    /// tollgatepolicies,tollgateprofiles -A -o yaml` (repeatable; a later object replaces
-    /// an earlier one of the same name). Other objects in them are left out.
-    #[arg(short = 'f', long = "filename", value_name = "FILE")]
-    pub files: Vec<PathBuf>,
+    /// The TollgatePolicy and TollgateProfiles to compose with it (-f, -k): such as the
+    /// output of `kubectl get tollgatepolicies,tollgateprofiles -A -o yaml` (a later object
+    /// replaces an earlier one of the same name). Other objects in them are left out.
+    #[command(flatten)]
+    pub manifests: Manifests,
     /// The namespace whose pods' policy to show, with its TollgateProfile, if any
     /// [default: the cluster's policy, as a namespace without a TollgateProfile gets it].
     /// A TollgateProfile written without a namespace is in this one, else in "default".
@@ -80,7 +80,7 @@ pub fn run(a: &PolicyArgs) -> i32 {
 
 fn show(a: &PolicyArgs) -> Result<(String, bool), String> {
     let file = objects::file_layer(a.policy.as_deref())?;
-    let found = read_objects(&a.files, a.namespace.as_deref())?;
+    let found = read_objects(&a.manifests, a.namespace.as_deref())?;
     let composed = objects::compose(file.as_ref(), &found)?;
     for s in composed.statuses.iter().filter(|s| !s.ready) {
         eprintln!("tollgate: {}", s.message);
@@ -113,18 +113,17 @@ fn show(a: &PolicyArgs) -> Result<(String, bool), String> {
 /// profile without a namespace in `namespace`, else `default`; what else they hold is
 /// left out, and said so on standard error.
 pub(super) fn read_objects(
-    files: &[PathBuf],
+    manifests: &Manifests,
     namespace: Option<&str>,
 ) -> Result<PolicyObjects, String> {
     let default_ns = namespace.unwrap_or("default");
     let mut found = PolicyObjects::default();
     let mut left_out = 0;
-    for path in files {
-        for (name, text) in super::review::read_paths(path, false)? {
-            for d in super::review::read(&text, default_ns).map_err(|e| format!("{name}: {e}"))? {
-                if !found.add(&name, &d) {
-                    left_out += 1;
-                }
+    for t in manifests.texts(&[])? {
+        let docs = super::review::read(&t.text, default_ns).map_err(|e| format!("{}: {e}", t.name));
+        for d in docs? {
+            if !found.add(&t.name, &d) {
+                left_out += 1;
             }
         }
     }

@@ -103,6 +103,13 @@ impl ObjectRef {
         }
     }
 
+    /// Its kind as a person reads it: `pod`, `job`, `job.batch.volcano.sh` where a built-in
+    /// kind has the same name.
+    pub fn noun(&self) -> String {
+        let group = self.api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        crate::names::kind_noun(group, &self.kind)
+    }
+
     pub fn to_json(&self) -> Value {
         json!({
             "apiVersion": self.api_version,

@@ -488,9 +488,10 @@ pub enum ResourcesPerNode {
 }
 
 impl WorkloadKind {
-    /// The word messages use for the workload: its kind in lower case (`pytorchjob`).
+    /// The word messages use for the workload: its kind in lower case (`pytorchjob`), with
+    /// its group where a built-in kind has the same name (`job.batch.volcano.sh`).
     pub fn noun(&self) -> String {
-        self.kind.to_ascii_lowercase()
+        crate::names::kind_noun(&self.group, &self.kind)
     }
 }
 
