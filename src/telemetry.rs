@@ -31,9 +31,15 @@ static GUARD: Mutex<Option<WorkerGuard>> = Mutex::new(None);
 
 static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
 
-/// Installs the global subscriber. `RUST_LOG` overrides the default level (info).
+/// The default filter: info, without kube-client's own line for every failed request
+/// (`failed with error client error (Connect)`, without the URL, once a retry): tollgate
+/// says each failure itself, in words, a connection failure once a minute.
+const DEFAULT_FILTER: &str = "info,kube_client::client::builder=off";
+
+/// Installs the global subscriber. `RUST_LOG` overrides the default filter.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let (writer, guard) = NonBlockingBuilder::default()
         .lossy(true)
         .thread_name("log-writer")

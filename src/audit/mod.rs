@@ -108,24 +108,14 @@ pub fn classify(url: &str, needs: Needs<'_>, e: kube::Error) -> AuditError {
         },
         other @ (kube::Error::HyperError(_) | kube::Error::Service(_)) => AuditError::Unreachable {
             url: url.to_owned(),
-            detail: innermost(&other),
+            detail: crate::kubeconfig::innermost(&other),
         },
         other => AuditError::Api {
             what: format!("{} {}", needs.verb, needs.resource),
             status: None,
-            detail: innermost(&other),
+            detail: crate::kubeconfig::innermost(&other),
         },
     }
-}
-
-/// The deepest cause of an error: "Connection refused (os error 111)" rather than the
-/// layers of client machinery wrapped around it.
-fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut cur = e;
-    while let Some(next) = cur.source() {
-        cur = next;
-    }
-    cur.to_string()
 }
 
 /// Where the objects' cluster context (DRA claims and templates, namespace labels, nodes,

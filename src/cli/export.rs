@@ -96,8 +96,11 @@ fn run_vap(a: &VapArgs) -> i32 {
         "tollgate export: how the policy and the webhook differ: deploy/README.md, \
          \"Native validation\""
     );
-    print!("{}", out.yaml);
-    0
+    if super::kubectl::print(&out.yaml) {
+        0
+    } else {
+        2
+    }
 }
 
 /// The file (or the built-in policy) and the objects given, composed; and how the

@@ -1,5 +1,5 @@
 //! kubectl's habits, in one place for every command: the flags that find the cluster
-//! (`--kubeconfig`, `--context`), that choose namespaces (`-n`, `-A`), that name manifests
+//! (`--kubeconfig`, `--context`: [`ClusterFlags`], from `kubeconfig`), that choose namespaces (`-n`, `-A`), that name manifests
 //! (`-f` repeated, positional files, `-k DIR`, `-R`), and how a command's output ends when
 //! its reader goes away (`tollgate audit -o json | head`). A command flattens the groups it
 //! takes (`#[command(flatten)]`), so that each flag means in tollgate what it means to
@@ -16,27 +16,9 @@ use clap::Args;
 use serde_json::Value;
 use tollgate_core::names;
 
-use crate::kubeconfig::{load_client_config, KubeconfigSources};
-
-/// `--kubeconfig` and `--context`: which cluster, as kubectl finds it.
-#[derive(Args, Debug, Clone, Default)]
-pub struct ClusterFlags {
-    /// Kubeconfig [default: $KUBECONFIG, ~/.kube/config, else the in-cluster
-    /// configuration].
-    #[arg(long, value_name = "PATH")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context [default: its current context].
-    #[arg(long, value_name = "NAME")]
-    pub context: Option<String>,
-}
-
-impl ClusterFlags {
-    /// The client configuration, as kubectl finds it; `hint` says what to do without one.
-    pub async fn config(&self, hint: &str) -> anyhow::Result<kube::Config> {
-        let sources = KubeconfigSources::from_process_env(self.kubeconfig.clone());
-        load_client_config(&sources, self.context.as_deref(), hint).await
-    }
-}
+/// `--kubeconfig` and `--context`, with the finding of the cluster they choose; kept with
+/// it (`kubeconfig`), below `register` and the server, which take them too.
+pub use crate::kubeconfig::ClusterFlags;
 
 /// `-n` and `-A`: which namespaces a command reads of a live cluster.
 #[derive(Args, Debug, Clone, Default)]
@@ -264,13 +246,14 @@ pub fn kind_noun(api_version: &str, kind: &str) -> String {
     names::kind_noun(group, kind)
 }
 
-/// What a command writes to standard output, written; a reader that went away (`| head`)
-/// ends it quietly. Returns false when standard output is closed, so that the caller stops.
+/// What a command writes to standard output, written. A reader that went away (`| head`)
+/// took what it wanted: that ends it quietly, no failure. False: it could not be written
+/// (said on standard error).
 pub fn print(text: &str) -> bool {
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => true,
-        Err(e) if closed(&e) => false,
+        Err(e) if closed(&e) => true,
         Err(e) => {
             eprintln!("tollgate: writing to standard output: {e}");
             false

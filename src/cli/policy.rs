@@ -64,7 +64,9 @@ pub struct PolicyArgs {
 pub fn run(a: &PolicyArgs) -> i32 {
     match show(a) {
         Ok((text, statuses_ok)) => {
-            print!("{text}");
+            if !super::kubectl::print(&text) {
+                return 2;
+            }
             if statuses_ok {
                 0
             } else {

@@ -120,7 +120,9 @@ struct Unusable(String);
 pub fn run(a: &ReviewArgs) -> i32 {
     match review_inner(a) {
         Ok((text, allowed)) => {
-            print!("{text}");
+            if !super::kubectl::print(&text) {
+                return 2;
+            }
             if allowed {
                 0
             } else {

@@ -230,7 +230,12 @@ pub async fn run<K: Send + 'static>(
             }
             Err(e) => {
                 health.failed(
-                    &format!("discovery of {}: {e}", discovery.group()),
+                    &format!(
+                        "discovery of {}: {}",
+                        discovery.group(),
+                        crate::kubeconfig::words(&e)
+                    ),
+                    crate::kubeconfig::is_unreachable(&e),
                     sink.len(),
                 );
                 again = true;

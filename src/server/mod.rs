@@ -233,6 +233,7 @@ async fn client_for(
     let sources = KubeconfigSources::from_process_env(kubeconfig.map(Into::into));
     let config = load_client_config(&sources, context, hint).await?;
     let url = config.cluster_url.to_string();
+    crate::kubeconfig::set_api_server(&url);
     let namespace = config.default_namespace.clone();
     let client = kube::Client::try_from(config)
         .map_err(|e| anyhow::anyhow!("creating a client for the API server at {url}: {e}"))?;

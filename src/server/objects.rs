@@ -398,7 +398,7 @@ async fn write_status(
         Err(kube::Error::Api(s)) if s.code == 404 => true,
         Err(e) => {
             counted("failure");
-            let e = e.to_string();
+            let e = crate::kubeconfig::words(&e);
             if failures.get(&name) != Some(&e) {
                 warn!(object = %name, error = %e, "could not write the policy object's status; retrying");
                 failures.insert(name, e);
