@@ -1338,3 +1338,279 @@ fn only_result(stdout: &[u8]) -> serde_json::Value {
     );
     one
 }
+
+/// A GitOps folder as it is: manifests beside a kustomization.yaml, a Helm values file
+/// and a Helm template that is no YAML at all.
+fn gitops_folder() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+    write(
+        "kustomization.yaml",
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [job.yaml, notebook.yaml]\n",
+    );
+    write("values.yaml", "replicaCount: 2\nimage:\n  tag: v1\n");
+    write(
+        "job.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\n---\n\
+         apiVersion: batch/v1\nkind: Job\nmetadata: {name: train}\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n        - name: t\n          image: t\n          resources: {requests: {cpu: \"1\", memory: 1Gi}}\n",
+    );
+    write("notebook.yaml", NOTEBOOK);
+    write(
+        "chart-template.yaml",
+        "{{- if .Values.enabled }}\nkind: {{ .Values.kind }\n",
+    );
+    dir
+}
+
+/// `tollgate review` as kubectl takes files: several, positional or with `-f` (repeated),
+/// `-n` placing objects written without a namespace, `-o json` a list of results each with
+/// its kind, name and where it came from, documents numbered in their own file.
+#[test]
+fn review_takes_files_as_kubectl_does() {
+    let dir = gitops_folder();
+    let file = |name: &str| dir.path().join(name).display().to_string();
+    let (job, notebook) = (file("job.yaml"), file("notebook.yaml"));
+    let flags = tollgate(
+        &[
+            "review", "-n", "ml", "-o", "json", "-f", &job, "-f", &notebook,
+        ],
+        None,
+    );
+    let positional = tollgate(
+        &[
+            "review",
+            &job,
+            &notebook,
+            "--namespace",
+            "ml",
+            "--output",
+            "json",
+        ],
+        None,
+    );
+    assert_eq!(flags.status.code(), Some(1), "{}", stderr(&flags));
+    assert_eq!(flags.stdout, positional.stdout);
+    let v: serde_json::Value = serde_json::from_slice(&flags.stdout).unwrap();
+    let results: Vec<(&str, &str, &str, &str, u64, &str)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["kind"].as_str().unwrap(),
+                r["namespace"].as_str().unwrap(),
+                r["name"].as_str().unwrap(),
+                r["file"].as_str().unwrap().rsplit('/').next().unwrap(),
+                r["document"].as_u64().unwrap(),
+                r["decision"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        results,
+        [
+            ("ConfigMap", "ml", "settings", "job.yaml", 1, "skipped"),
+            ("Job", "ml", "train", "job.yaml", 2, "allowed"),
+            ("Pod", "ml", "notebook", "notebook.yaml", 1, "denied"),
+        ]
+    );
+    // One object: a list of one all the same.
+    let one = tollgate(&["review", "-o", "json", &notebook], None);
+    assert_eq!(only_result(&one.stdout)["kind"], "Pod");
+    // A document the apiserver could not decode is named by its number in its own file.
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        format!("{NOTEBOOK}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: b}}\nspec: {{containers: 7}}\n"),
+    )
+    .unwrap();
+    let out = tollgate(&["review", &job, bad.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("bad.yaml: document 2: Pod \"b\""), "{err}");
+}
+
+/// A GitOps folder is reviewed whole: its kustomization.yaml, its values file and a file
+/// that is no YAML at all are listed as skipped, never fatal; what it holds of Kubernetes
+/// objects is judged.
+#[test]
+fn a_gitops_folder_is_reviewed_without_a_fatal_error() {
+    let dir = gitops_folder();
+    let out = tollgate(&["review", dir.path().to_str().unwrap()], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}{}", stderr(&out));
+    for line in [
+        "chart-template.yaml: skipped: not a manifest: neither JSON nor YAML",
+        "kustomization.yaml: document 1: skipped: a kustomization, not an object: review what it builds with -k DIR",
+        "values.yaml: document 1: skipped: not a Kubernetes object (no apiVersion and kind)",
+        "job.yaml: job default/train: allowed",
+        "notebook.yaml: pod default/notebook: denied",
+    ] {
+        assert!(text.contains(line), "{line}\n{text}");
+    }
+    let json = tollgate(
+        &["review", "-o", "json", dir.path().to_str().unwrap()],
+        None,
+    );
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let skipped = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["decision"] == "skipped" && r["kind"] == "")
+        .count();
+    assert_eq!(skipped, 3, "{v:#}");
+    // Nothing but what is no object: nothing to review, said with why.
+    let values = dir.path().join("values.yaml");
+    let out = tollgate(&["review", values.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("values.yaml: document 1: not a Kubernetes object"));
+}
+
+/// `-k DIR` reviews what `kubectl kustomize DIR` builds, as `kubectl apply -k` applies it
+/// (the kustomization's namespace and name prefix on every object); without kubectl on
+/// PATH it says what is missing.
+#[test]
+fn review_k_builds_the_kustomization_with_kubectl() {
+    let Some(kubectl) = common::tools::kubectl() else {
+        return;
+    };
+    let dir = gitops_folder();
+    let k = dir.path().join("kustomization.yaml");
+    std::fs::write(
+        &k,
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: team-a\nnamePrefix: dev-\nresources: [job.yaml, notebook.yaml]\n",
+    )
+    .unwrap();
+    let kubectl_dir = std::fs::canonicalize(&kubectl)
+        .ok()
+        .and_then(|p| p.parent().map(std::path::Path::to_path_buf));
+    let path = std::env::join_paths(kubectl_dir.into_iter().chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .unwrap();
+    let out = common::bin::command()
+        .args(["review", "-o", "json", "-k", dir.path().to_str().unwrap()])
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {}/{}: {}",
+                r["kind"], r["namespace"], r["name"], r["decision"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "\"ConfigMap\" \"team-a\"/\"dev-settings\": \"skipped\"",
+            "\"Job\" \"team-a\"/\"dev-train\": \"allowed\"",
+            "\"Pod\" \"team-a\"/\"dev-notebook\": \"denied\"",
+        ]
+    );
+
+    let without = common::bin::command()
+        .args(["review", "-k", dir.path().to_str().unwrap()])
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    assert_eq!(without.status.code(), Some(2));
+    assert!(
+        stderr(&without).contains("building a kustomization needs kubectl on PATH"),
+        "{}",
+        stderr(&without)
+    );
+}
+
+/// Every command speaks kubectl's flags where they fit, spelled as kubectl spells them:
+/// `-o`, `-n`/`-A`, `-f`/`-k`, `--kubeconfig`/`--context`.
+#[test]
+fn every_command_takes_kubectls_flags_where_they_fit() {
+    let takes = |cmd: &[&str], flags: &[&str]| {
+        let out = tollgate(&[cmd, &["--help"]].concat(), None);
+        let help = String::from_utf8_lossy(&out.stdout);
+        for flag in flags {
+            assert!(
+                help.contains(&format!("{flag},")) || help.contains(&format!("{flag} ")),
+                "tollgate {} lacks {flag}:\n{help}",
+                cmd.join(" ")
+            );
+        }
+    };
+    let files = ["-f", "--filename", "-k", "--kustomize", "-R"];
+    takes(&["review"], &["-o", "--output", "-n", "--namespace"]);
+    takes(&["review"], &files);
+    takes(&["audit"], &["-o", "-n", "-A", "--kubeconfig", "--context"]);
+    takes(&["audit"], &files);
+    takes(&["policy"], &["-o", "-n"]);
+    takes(&["policy"], &files);
+    takes(&["export", "validating-admission-policy"], &files);
+    takes(&["register"], &["--kubeconfig", "--context", "--url"]);
+}
+
+/// A reader that goes away (`tollgate review -o json | head`) ends the command quietly.
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    let many: String = (0..40)
+        .map(|i| NOTEBOOK.replace("name: notebook", &format!("name: nb-{i}")) + "---\n")
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("many.yaml");
+    std::fs::write(&file, many).unwrap();
+    let mut child = common::bin::command()
+        .args(["review", "-o", "json", file.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(err.is_empty(), "{err}");
+    assert_eq!(out.status.code(), Some(1), "the review's own status");
+}
+
+/// `--version` names the commit, `completion` writes a shell's script, `--listen :PORT`
+/// is taken as Kubernetes components take it.
+#[test]
+fn version_completion_and_listen() {
+    let out = tollgate(&["--version"], None);
+    let version = String::from_utf8_lossy(&out.stdout);
+    let package = env!("CARGO_PKG_VERSION");
+    assert!(
+        version.starts_with(&format!("tollgate {package}")),
+        "{version}"
+    );
+    if std::path::Path::new(".git").exists() || common::root().join(".git").exists() {
+        assert!(version.contains(&format!("{package} (")), "{version}");
+    }
+    for shell in ["bash", "zsh", "fish"] {
+        let out = tollgate(&["completion", shell], None);
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            script.contains("tollgate") && script.contains("review"),
+            "{shell}"
+        );
+    }
+    // `:PORT` is taken (the server then stops for want of a certificate, as any would).
+    let out = tollgate(
+        &["serve", "--listen", ":0", "--metrics-listen", "off"],
+        None,
+    );
+    let err = stderr(&out);
+    assert!(err.contains("no serving certificate"), "{err}");
+    let out = tollgate(&["serve", "--listen", "8443"], None);
+    assert!(
+        stderr(&out).contains("HOST:PORT or :PORT"),
+        "{}",
+        stderr(&out)
+    );
+}

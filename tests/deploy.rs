@@ -818,6 +818,92 @@ async fn register_dry_run_matches_the_base_webhooks() {
     }
 }
 
+/// `tollgate register --url`, for tollgate outside the cluster, through a real apiserver:
+/// both configurations stored with each webhook's `clientConfig.url` (the Service's path
+/// after it, no Service) and the CA, the apiserver calling the server there for a pod of a
+/// namespace it enforces; run again over the configurations it made, the same; an identity
+/// without the rights told so in the apiserver's words, never a Debug dump.
+///
+/// On `bare_plane`, which serves no CRD (the policy objects' webhook never fires there) and
+/// where no other test labels a namespace `tollgate.dev/enforce` (the pods' webhooks reach
+/// only this test's): deploy/base's `tollgate` configurations are cluster-wide.
+#[tokio::test]
+async fn register_url_points_the_apiserver_at_a_server_outside_the_cluster() {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+
+    let Some(cp) = common::envtest::bare_plane() else {
+        return;
+    };
+    let served = tokio::task::spawn_blocking(|| {
+        let (dir, ca) = common::process::workdir();
+        common::process::serve(dir, ca, None, "json", &[])
+    })
+    .await
+    .unwrap();
+    let ca_file = served.dir.path().join("ca.crt");
+    std::fs::write(&ca_file, &served.ca_pem).unwrap();
+    let url = format!("https://127.0.0.1:{}", served.addr.port());
+    let register = |user: &str| {
+        let kubeconfig = cp.kubeconfig(user).display().to_string();
+        let args: Vec<String> = ["register", "--ca-file", ca_file.to_str().unwrap()]
+            .into_iter()
+            .map(str::to_owned)
+            .chain([
+                "--url".into(),
+                url.clone(),
+                "--kubeconfig".into(),
+                kubeconfig,
+            ])
+            .collect();
+        common::bin::run_blocking(args)
+    };
+    let admin = cp.client("admin").await;
+
+    let first = register("admin").await;
+    let again = register("admin").await;
+    let refused = register("mallory").await;
+    let stored = kube::Api::<MutatingWebhookConfiguration>::all(admin.clone())
+        .get("tollgate")
+        .await
+        .unwrap();
+    let ns = cp
+        .namespace("register-url", &[("tollgate.dev/enforce", "enabled")])
+        .await;
+    let reviewed = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        common::admission::until_reviewed(&admin, &served, &ns),
+    )
+    .await;
+    common::admission::deregister(&admin, "tollgate").await;
+
+    for out in [&first, &again] {
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.contains("validatingwebhookconfiguration.admissionregistration.k8s.io/tollgate serverside-applied"), "{said}");
+    }
+    let hook = &stored.webhooks.as_ref().unwrap()[0];
+    assert_eq!(
+        hook.client_config.url.as_deref(),
+        Some(&*format!("{url}/mutate"))
+    );
+    assert!(hook.client_config.service.is_none());
+    assert_eq!(
+        hook.client_config.ca_bundle.as_ref().unwrap().0,
+        served.ca_pem.as_bytes()
+    );
+    assert!(reviewed.is_ok(), "the apiserver never called {url}");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert!(err.starts_with("tollgate: forbidden: "), "{err}");
+    assert!(err.contains("User \"mallory\" cannot"), "{err}");
+    assert!(!err.contains("Status {") && !err.contains("Some("), "{err}");
+}
+
 /// The cluster context reads claims, claim templates and namespaces, and nothing else;
 /// its token is mounted where in-cluster clients look for it, and nowhere by default.
 #[test]
