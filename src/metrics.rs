@@ -226,6 +226,10 @@ impl Default for Metrics {
     }
 }
 
+/// `tollgate_denials_total`'s reason for a TollgatePolicy or TollgateProfile the
+/// validating webhook refused (out of bounds, or not loadable).
+pub const POLICY_OBJECT_DENIED: &str = "invalid_policy_object";
+
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("tollgate");
@@ -593,7 +597,9 @@ impl Metrics {
                 .inc();
         }
         if r.outcome == Outcome::Denied {
-            let reason = r.verdict().map_or("unknown", |v| v.as_str());
+            // Pods and workloads are denied by validation's verdict; a TollgatePolicy or
+            // TollgateProfile (the one kind denied without one) by its bounds or its load.
+            let reason = r.verdict().map_or(POLICY_OBJECT_DENIED, |v| v.as_str());
             self.denials.get_or_create(&ReasonLabels { reason }).inc();
         }
         let decision = match r.opt_out() {

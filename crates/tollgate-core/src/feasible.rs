@@ -582,19 +582,26 @@ fn exceeded(q: &ResourceQuota, over: Vec<Over>) -> Vec<Finding> {
         .map(|o| Finding {
             never: o.never,
             in_turns: false,
-            message: if o.never {
-                format!(
-                    "{subject} allows {}: {}, and the pod asks for {}: it can never be admitted. Ask for at most {}, or ask your platform team to raise the quota",
-                    o.key, o.limit, o.asked, o.limit
-                )
-            } else {
-                format!(
-                    "{subject}: {} of {} {} are in use now, and the pod asks for {}: it waits until enough is freed",
-                    o.in_use.as_deref().unwrap_or("?"),
-                    o.limit,
-                    o.key,
-                    o.asked
-                )
+            message: {
+                // In words: what a person writes (`1Ti + 64Mi`), where the apiserver's own
+                // refusal quotes the exact quantities.
+                let resource = o.key.rsplit_once('.').map_or(o.key.as_str(), |(_, r)| r);
+                let said = |q: &str| {
+                    quantity::parse(q).map_or_else(|_| q.to_owned(), |n| quantity::human(resource, n))
+                };
+                let (limit, asked) = (said(&o.limit), said(&o.asked));
+                if o.never {
+                    format!(
+                        "{subject} allows {}: {limit}, and the pod asks for {asked}: it can never be admitted. Ask for at most {limit}, or ask your platform team to raise the quota",
+                        o.key
+                    )
+                } else {
+                    format!(
+                        "{subject}: {} of {limit} {} are in use now, and the pod asks for {asked}: it waits until enough is freed",
+                        o.in_use.as_deref().map_or_else(|| "?".to_owned(), said),
+                        o.key,
+                    )
+                }
             },
         })
         .collect()
@@ -713,7 +720,7 @@ fn check_nodes(pod: &Pod, nodes: &Nodes, out: &mut Feasibility) {
         if best >= *v {
             continue;
         }
-        let show = |n: i128| quantity::format_for(k, n);
+        let show = |n: i128| quantity::human(k, n);
         short.push(if best <= 0 {
             // What its nodes offer of the same vendor (another MIG profile, say).
             let domain = k.split_once('/').map(|(d, _)| d);
@@ -1126,7 +1133,7 @@ pub fn kueue(
         .collect();
     asked.push(("pods".into(), pods.saturating_mul(1_000_000_000)));
     for (resource, want) in asked {
-        let show = |n: i128| quantity::format_for(&resource, n);
+        let show = |n: i128| quantity::human(&resource, n);
         match most.get(&resource) {
             // Not covered: Kueue admits no workload asking for it, unless its
             // configuration leaves the resource out (which tollgate cannot see).
