@@ -176,6 +176,9 @@ async fn a_tollgate_policy_is_held_to_the_schema() {
         ),
         "{e}"
     );
+    // Said of the field, not of `<nil>`.
+    assert!(e.contains("metadata.name: Invalid value"), "{e}");
+    assert!(!e.contains("<nil>"), "{e}");
     let e = refused(policy("default", json!({"validation": {"enabeld": true}})));
     assert!(
         e.contains("unknown field") && e.contains("spec.validation.enabeld"),
@@ -268,6 +271,10 @@ async fn a_tollgate_profile_holds_the_profile_sections() {
     let e = refused(profile(&ns, "team-a", json!({})));
     assert!(
         e.contains("only the name 'default' is allowed: a namespace has one TollgateProfile, named default"),
+        "{e}"
+    );
+    assert!(
+        e.contains("metadata.name: Invalid value") && !e.contains("<nil>"),
         "{e}"
     );
     for key in ["name", "match", "profiles", "namespaceProfiles"] {

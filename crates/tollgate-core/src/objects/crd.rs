@@ -170,15 +170,23 @@ fn crd(
                             "type": "string",
                             "description": "The REST resource this object represents.",
                         },
-                        "metadata": {"type": "object"},
+                        // name declared, so that the name rule below can point at it.
+                        "metadata": {
+                            "type": "object",
+                            "properties": {"name": {"type": "string"}},
+                        },
                         "spec": spec,
                         "status": status,
                     },
                     // The apiserver allows a root rule to read metadata.name (and only it
                     // and generateName of metadata): the one name is refused there, with
                     // tollgate down too.
+                    // fieldPath: the refusal names the field (`metadata.name: Invalid value`),
+                    // where a root rule alone is reported at `<nil>`.
                     "x-kubernetes-validations": [{
                         "rule": format!("self.metadata.name == '{NAME}'"),
+                        "fieldPath": ".metadata.name",
+                        "reason": "FieldValueInvalid",
                         "message": format!(
                             "only the name '{NAME}' is allowed: {only_default}"
                         ),
