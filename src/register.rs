@@ -81,8 +81,8 @@ pub struct RegisterArgs {
     #[arg(long, value_name = "URL", conflicts_with = "service")]
     pub url: Option<String>,
 
-    /// tollgate's namespace (the Service's, with --service): excluded from enforcement,
-    /// like kube-system. Not kubectl's -n: the namespace tollgate runs in.
+    /// tollgate's namespace, the Service's too: excluded from enforcement, like
+    /// kube-system. Not kubectl's -n: the namespace tollgate runs in.
     #[arg(long, value_name = "NS", default_value = BASE_NAMESPACE)]
     pub namespace: String,
 

@@ -140,7 +140,11 @@ fn sibling_circles(root: &Path, module: &Path) -> Vec<String> {
         } else {
             for item in items.trim_matches(|c| c == '{' || c == '}').split(',') {
                 let item = item.split(" as ").last().unwrap().trim();
-                reexported.insert(item.to_owned(), child.to_owned());
+                // A `pub use child::{` whose items go on over the next lines names
+                // nothing on this one (and `use super::*` must not match it).
+                if !item.is_empty() {
+                    reexported.insert(item.to_owned(), child.to_owned());
+                }
             }
         }
     }
