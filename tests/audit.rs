@@ -1357,7 +1357,16 @@ async fn kinds_are_counted_apart_and_a_closed_pipe_ends_quietly() {
     let ns2 = ns.clone();
     let out = tokio::task::spawn_blocking(move || {
         let mut child = common::bin::command()
-            .args(["audit", "-o", "json", "-n", &ns2, "-l", &sel, "--kubeconfig"])
+            .args([
+                "audit",
+                "-o",
+                "json",
+                "-n",
+                &ns2,
+                "-l",
+                &sel,
+                "--kubeconfig",
+            ])
             .arg(&kubeconfig)
             .env_remove("KUBECONFIG")
             .stdin(std::process::Stdio::null())
@@ -1371,7 +1380,10 @@ async fn kinds_are_counted_apart_and_a_closed_pipe_ends_quietly() {
     .await
     .unwrap();
     let err = stderr(&out);
-    assert!(!err.contains("Broken pipe") && !err.contains("os error"), "{err}");
+    assert!(
+        !err.contains("Broken pipe") && !err.contains("os error"),
+        "{err}"
+    );
     assert_eq!(out.status.code(), Some(0), "{err}");
 }
 

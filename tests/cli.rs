@@ -1614,3 +1614,59 @@ fn version_completion_and_listen() {
         stderr(&out)
     );
 }
+
+/// A workload refused by feasibility says so where the decision is, not "denied" beside
+/// templates that are each allowed; the amounts are as a person writes them (`1Ti +
+/// 64Mi`: the trainer's request and the metrics sidecar's, not `1048640Mi`).
+#[test]
+fn a_verdict_of_feasibility_is_shown_where_it_comes_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, "feasibility:\n  mode: enforce\n").unwrap();
+    let input = "apiVersion: v1
+kind: Node
+metadata: {name: n1}
+status:
+  allocatable: {cpu: \"64\", memory: 512Gi, pods: \"110\", nvidia.com/gpu: \"8\"}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: train, namespace: ml}
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: t
+          image: t
+          resources:
+            requests: {cpu: \"8\", memory: 1Ti, nvidia.com/gpu: \"8\"}
+            limits: {nvidia.com/gpu: \"8\"}
+";
+    let out = tollgate(
+        &["review", "--policy", policy.to_str().unwrap(), "-"],
+        Some(input.as_bytes()),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.starts_with(
+            "job ml/train: denied by feasibility: its pods could never run here\n  pod template (/spec/template): allowed\n"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("it asks for 1Ti + 64Mi memory"), "{text}");
+    assert!(!text.contains("1048640Mi"), "{text}");
+    let json = tollgate(
+        &[
+            "review",
+            "--policy",
+            policy.to_str().unwrap(),
+            "-o",
+            "json",
+            "-",
+        ],
+        Some(input.as_bytes()),
+    );
+    assert_eq!(only_result(&json.stdout)["verdict"], "infeasible");
+}
