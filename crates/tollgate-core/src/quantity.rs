@@ -121,19 +121,22 @@ fn scale_of(suffix: &str) -> Option<(i128, i32)> {
     })
 }
 
+/// The binary suffixes, largest first, with their power of two.
+const BINARY: [(&str, u32); 6] = [
+    ("Ei", 60),
+    ("Pi", 50),
+    ("Ti", 40),
+    ("Gi", 30),
+    ("Mi", 20),
+    ("Ki", 10),
+];
+
 /// Formats nano-units canonically: the largest binary suffix that is exact for byte-like
 /// amounts of at least 1Ki, else a plain number, else milli-, micro- or nano-units.
 pub fn format(nano: i128) -> String {
     if nano % NANO == 0 {
         let units = nano / NANO;
-        for (suffix, shift) in [
-            ("Ei", 60),
-            ("Pi", 50),
-            ("Ti", 40),
-            ("Gi", 30),
-            ("Mi", 20),
-            ("Ki", 10),
-        ] {
+        for (suffix, shift) in BINARY {
             let m = 1i128 << shift;
             if units != 0 && units % m == 0 {
                 return format!("{}{suffix}", units / m);
@@ -186,14 +189,6 @@ pub fn human(resource: &str, nano: i128) -> String {
             return format!("{}{suffix}", units / m);
         }
     }
-    const BINARY: [(&str, u32); 6] = [
-        ("Ei", 60),
-        ("Pi", 50),
-        ("Ti", 40),
-        ("Gi", 30),
-        ("Mi", 20),
-        ("Ki", 10),
-    ];
     let mut terms = vec![];
     let mut rest = units;
     for (suffix, shift) in BINARY {
