@@ -173,7 +173,10 @@ fn crd(
                         // name declared, so that the name rule below can point at it.
                         "metadata": {
                             "type": "object",
-                            "properties": {"name": {"type": "string"}},
+                            "properties": {"name": {
+                                "type": "string",
+                                "description": format!("The object's name: {NAME}, the only one allowed."),
+                            }},
                         },
                         "spec": spec,
                         "status": status,
