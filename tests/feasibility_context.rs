@@ -1,7 +1,7 @@
 //! Feasibility from the server's cluster context: nodes, quotas, DeviceClasses and Kueue's
 //! queues arriving by watch change the answer of a review; a relabelled or cordoned node
 //! changes it; what the RBAC forbids neither holds readiness nor refuses; the background
-//! audit reads the same caches.
+//! audit reads the same caches, and `tollgate audit` lists the same kinds of object.
 //!
 //! Against the real apiserver: on `common::envtest::isolated_plane()`, a control plane of
 //! these tests' own, because a node at all changes what feasibility says of every pod (one
@@ -486,6 +486,171 @@ async fn kueue_queues_arriving_by_watch_hold_a_workload_to_its_cluster_queue() {
         );
     }
     server.running.shutdown().await;
+}
+
+/// The findings of `text` that say it can never run: what follows `can never run: ` in
+/// each of its lines (a webhook's warnings) or messages (an audit's findings).
+fn never_runs<'a>(texts: impl IntoIterator<Item = &'a str>) -> std::collections::BTreeSet<String> {
+    texts
+        .into_iter()
+        .flat_map(str::lines)
+        .filter_map(|l| l.split_once("can never run: ").map(|(_, f)| f.to_owned()))
+        .collect()
+}
+
+/// The webhook, `tollgate audit` and the background audit see the same Kueue queues: a
+/// Job of 4 pods of 4 GPUs each, submitted to a LocalQueue whose ClusterQueue has 8 GPUs,
+/// is warned at apply (the built-in policy: feasibility `warn`) that Kueue never admits
+/// it, and each audit fails it on the feasibility rule in the same words. The server and
+/// both audits run as the identities bound to the RBAC tollgate ships (the cluster
+/// context's, and the audit's: deploy/components/policy-reports/rbac.yaml), so that RBAC
+/// is shown to let the audits read the queues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audits_see_the_kueue_queues_the_webhook_sees() {
+    let Some(t) = isolated("fz-kaudit").await else {
+        return;
+    };
+    context::install_crds(&t.admin, "tests/data/crds/kueue.yaml").await;
+    context::install_crds(
+        &t.admin,
+        "deploy/components/policy-reports/crd/wgpolicyk8s.io_policyreports.yaml",
+    )
+    .await;
+    // Room on the nodes for each pod: only the ClusterQueue stands in the way.
+    t.node("gpu-0", "8", json!({})).await;
+    let cq = context::unique("team-a");
+    context::create(
+        &t.admin,
+        &json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+            "metadata": {"name": "team-a", "namespace": t.ns},
+            "spec": {"clusterQueue": cq}}),
+    )
+    .await;
+    context::create(&t.admin, &cluster_queue(&cq, "8", None)).await;
+    let mut pod_spec = json!({
+        "restartPolicy": "Never",
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [{"name": "sweep", "image": "registry.example.com/sweep:1.0",
+            "resources": {
+                "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "4"},
+                "limits": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "4"}}}]});
+    t.pool.confine(&mut pod_spec);
+    // Suspended, as Kueue's own webhook leaves a Job until its queue admits it.
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "sweep", "namespace": t.ns,
+            "labels": {"kueue.x-k8s.io/queue-name": "team-a"}},
+        "spec": {"suspend": true, "parallelism": 4, "completions": 4,
+            "template": {"spec": pod_spec}}});
+    context::create(&t.admin, &job).await;
+
+    let audit_rbac = "deploy/components/policy-reports/rbac.yaml";
+    let mut rules = context::rules_of(audit_rbac, "ClusterRole", "tollgate-audit");
+    rules.extend(context::shipped_rules());
+    context::bind(t.cp, &t.ns, "audit", &rules).await;
+    let lease = context::rules_of(audit_rbac, "Role", "tollgate-audit-lease");
+    context::bind_in(t.cp, &t.ns, "audit", &lease).await;
+    let audit = context::sa_kubeconfig(t.cp, &t.ns, "audit");
+    context::until_may_list(t.cp, &audit, "nodes").await;
+    let kubeconfig = context::shipped_identity(t.cp, &t.ns).await;
+    let (ns, background) = (t.ns.clone(), audit.clone());
+    let server = context::serve(kubeconfig, |o| {
+        let mut a = AuditOptions::new(Duration::from_millis(100));
+        a.rate = 0;
+        a.kubeconfig = Some(background);
+        a.lease_namespace = Some(ns);
+        o.audit = Some(a);
+    })
+    .await;
+    let server = in_force(server, "# the built-in policy\n").await;
+    let mut c = client(&server).await;
+    until("ready", async || ready(&mut c).await.0 == 200).await;
+
+    // The webhook, at apply.
+    let mut r = Value::Null;
+    until("the queues by the watch", async || {
+        r = validate(&mut c, &job).await;
+        warnings(&r).contains("Kueue never admits it")
+    })
+    .await;
+    assert_eq!(r["allowed"], true, "warned, not refused: {r}");
+    let webhook = never_runs([warnings(&r).as_str()]);
+    assert_eq!(webhook.len(), 1, "{r}");
+    let finding = webhook.iter().next().unwrap();
+    assert!(
+        finding.contains(&cq) && finding.contains("at most 8 nvidia.com/gpu"),
+        "{finding}"
+    );
+    assert!(
+        finding.contains("its 4 pods ask for 16 in all"),
+        "{finding}"
+    );
+
+    // The background audit, in the server's caches.
+    let reports = kube::Api::<kube::api::DynamicObject>::namespaced_with(
+        t.admin.clone(),
+        &t.ns,
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("wgpolicyk8s.io", "v1alpha2", "PolicyReport"),
+            "policyreports",
+        ),
+    );
+    let mut reported = std::collections::BTreeSet::new();
+    until("the Kueue finding in the report", async || {
+        let report = reports.get_opt("tollgate").await.unwrap();
+        let results = report
+            .as_ref()
+            .and_then(|r| r.data["results"].as_array().cloned())
+            .unwrap_or_default();
+        reported = never_runs(
+            results
+                .iter()
+                .filter(|x| x["rule"] == "feasibility" && x["result"] == "fail")
+                .filter_map(|x| x["message"].as_str()),
+        );
+        !reported.is_empty()
+    })
+    .await;
+    assert_eq!(reported, webhook, "the background audit");
+    server.running.shutdown().await;
+
+    // `tollgate audit` of the namespace, listing what it judges in.
+    let args = [
+        "audit".to_owned(),
+        "--kubeconfig".into(),
+        audit.display().to_string(),
+        "-n".into(),
+        t.ns.clone(),
+        "--output".into(),
+        "json".into(),
+    ];
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        !err.contains("queues"),
+        "the shipped RBAC lets it read them: {err}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let audited = never_runs(
+        lines
+            .iter()
+            .filter(|l| l["rule"] == "feasibility" && l["result"] == "fail")
+            .filter_map(|l| l["message"].as_str()),
+    );
+    assert_eq!(audited, webhook, "tollgate audit: {lines:#?}");
 }
 
 /// A cluster without Kueue (stand-in: the real apiserver serves the CRDs the binary's

@@ -31,7 +31,7 @@ use serde_json::Value;
 
 use crate::cluster::ClusterContext;
 use tollgate_core::audit::{self as engine, Audited, OptOutState};
-use tollgate_core::cluster::{Cluster, Lookup, Objects};
+use tollgate_core::cluster::{Cluster, Objects};
 use tollgate_core::policy::Policy;
 
 pub use list::NamespaceInfo;
@@ -120,58 +120,14 @@ fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
     cur.to_string()
 }
 
-/// Where the objects' cluster context (DRA claims and templates, namespace labels, nodes,
-/// quotas, DeviceClasses) comes from.
+/// Where the objects' cluster context (DRA claims and templates, namespace labels, Trainer
+/// runtimes, nodes, quotas, DeviceClasses, Kueue's queues) comes from.
 #[derive(Clone)]
 pub enum Context {
     /// Listed per namespace, kept while the namespace is audited: what the command does.
     PerNamespace,
     /// The server's caches, already in memory.
     Shared(Arc<dyn ClusterContext>),
-}
-
-/// The server's context as the engine's [`Cluster`].
-struct Via<'a>(&'a dyn ClusterContext);
-
-impl Cluster for Via<'_> {
-    fn resource_claim(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Lookup<Arc<k8s_openapi::api::resource::v1::ResourceClaim>> {
-        self.0.resource_claim(namespace, name)
-    }
-    fn resource_claim_template(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Lookup<Arc<k8s_openapi::api::resource::v1::ResourceClaimTemplate>> {
-        self.0.resource_claim_template(namespace, name)
-    }
-    fn namespace(&self, name: &str) -> Lookup<Arc<k8s_openapi::api::core::v1::Namespace>> {
-        self.0.namespace(name)
-    }
-    fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<serde_json::Value>> {
-        self.0.training_runtime(namespace, name)
-    }
-    fn cluster_training_runtime(&self, name: &str) -> Lookup<Arc<serde_json::Value>> {
-        self.0.cluster_training_runtime(name)
-    }
-    fn is_offline(&self) -> bool {
-        self.0.is_offline()
-    }
-    fn nodes(&self) -> Option<Lookup<Arc<tollgate_core::capacity::Nodes>>> {
-        self.0.nodes()
-    }
-    fn resource_quotas(
-        &self,
-        namespace: &str,
-    ) -> Option<Lookup<Arc<[Arc<k8s_openapi::api::core::v1::ResourceQuota>]>>> {
-        self.0.resource_quotas(namespace)
-    }
-    fn device_classes(&self) -> Option<Lookup<Arc<std::collections::BTreeSet<String>>>> {
-        self.0.device_classes()
-    }
 }
 
 /// Counts of one namespace's (or a whole audit's) objects.
@@ -392,12 +348,10 @@ impl Auditor {
             ..Totals::default()
         };
         let local: Objects;
-        let shared: Via<'_>;
-        let cluster: &(dyn Cluster + Sync) = match &self.context {
-            Context::Shared(c) => {
-                shared = Via(c.as_ref());
-                &shared
-            }
+        // Either is a whole context (the server's caches, or what was listed for this
+        // namespace), seen by the engine as its `Cluster` through trait upcasting.
+        let cluster: &dyn ClusterContext = match &self.context {
+            Context::Shared(c) => c.as_ref(),
             Context::PerNamespace => {
                 let wide = self.cluster_wide(policy).await?;
                 local = list::context(self, namespace, policy, &wide).await?;
@@ -454,11 +408,7 @@ fn absent_key(kind: &kube::api::ApiResource) -> String {
     format!("{}/{}", kind.api_version, kind.plural)
 }
 
-fn judge(
-    policy: &Policy,
-    cluster: &(dyn Cluster + Sync),
-    object: Value,
-) -> Result<Audited, AuditError> {
+fn judge(policy: &Policy, cluster: &dyn Cluster, object: Value) -> Result<Audited, AuditError> {
     let name = || {
         let s = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or("");
         format!(

@@ -13,7 +13,7 @@
 
 mod cache;
 pub mod dra;
-mod kueue;
+pub mod kueue;
 pub mod nodes;
 pub mod objects;
 mod quotas;

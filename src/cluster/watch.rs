@@ -678,6 +678,10 @@ impl Cluster for Watched {
     fn kueue_cluster_queue(&self, name: &str) -> Option<Lookup<Arc<Value>>> {
         queue(&self.health.cluster_queues, &self.cluster_queues, "", name)
     }
+
+    fn is_offline(&self) -> bool {
+        false
+    }
 }
 
 /// A queue from its cache: None while the cluster serves no Kueue (or the RBAC forbids

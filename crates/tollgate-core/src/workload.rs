@@ -35,7 +35,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use serde_json::{Map, Value};
 
-use crate::cluster::{Cluster, ObjectKey};
+use crate::cluster::{Cluster, Layered, ObjectKey, Objects};
 use crate::feasible::{self, Usage};
 use crate::judge::{self, Judgement, Stages};
 use crate::optout::{self, OptOut};
@@ -1323,12 +1323,22 @@ pub fn validate_runtime(
             "trainer": {"resourcesPerNode": {"requests": requests}},
         },
     });
-    let known = KnownRuntime {
-        inner: cluster,
-        runtime: Arc::new(runtime.clone()),
-        cluster_scoped: runtime_kind == "ClusterTrainingRuntime",
-        namespace: who.namespace,
-        name,
+    // The runtime being judged, in front of what the review knows: at its creation it is
+    // in no cache yet.
+    let mut this_runtime = Objects::default();
+    let runtime_arc = Arc::new(runtime.clone());
+    if runtime_kind == "ClusterTrainingRuntime" {
+        this_runtime
+            .cluster_training_runtimes
+            .insert(name.to_owned(), runtime_arc);
+    } else {
+        this_runtime
+            .training_runtimes
+            .insert((who.namespace.to_owned(), name.to_owned()), runtime_arc);
+    }
+    let known = Layered {
+        first: &this_runtime,
+        then: cluster,
     };
     let w = Workload {
         kind,
@@ -1366,78 +1376,6 @@ pub fn validate_runtime(
     }
     out.judged = judged.judged;
     Some(out)
-}
-
-/// The cluster as the review knows it, and the runtime being judged in it (at its
-/// creation it is in no cache yet).
-struct KnownRuntime<'a> {
-    inner: &'a dyn Cluster,
-    runtime: Arc<Value>,
-    cluster_scoped: bool,
-    namespace: &'a str,
-    name: &'a str,
-}
-
-impl Cluster for KnownRuntime<'_> {
-    fn resource_claim(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> crate::cluster::Lookup<Arc<k8s_openapi::api::resource::v1::ResourceClaim>> {
-        self.inner.resource_claim(namespace, name)
-    }
-    fn resource_claim_template(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> crate::cluster::Lookup<Arc<k8s_openapi::api::resource::v1::ResourceClaimTemplate>> {
-        self.inner.resource_claim_template(namespace, name)
-    }
-    fn namespace(
-        &self,
-        name: &str,
-    ) -> crate::cluster::Lookup<Arc<k8s_openapi::api::core::v1::Namespace>> {
-        self.inner.namespace(name)
-    }
-    fn training_runtime(&self, namespace: &str, name: &str) -> crate::cluster::Lookup<Arc<Value>> {
-        if !self.cluster_scoped && namespace == self.namespace && name == self.name {
-            return crate::cluster::Lookup::Found(self.runtime.clone());
-        }
-        self.inner.training_runtime(namespace, name)
-    }
-    fn cluster_training_runtime(&self, name: &str) -> crate::cluster::Lookup<Arc<Value>> {
-        if self.cluster_scoped && name == self.name {
-            return crate::cluster::Lookup::Found(self.runtime.clone());
-        }
-        self.inner.cluster_training_runtime(name)
-    }
-    fn is_offline(&self) -> bool {
-        self.inner.is_offline()
-    }
-    fn nodes(&self) -> Option<crate::cluster::Lookup<Arc<crate::capacity::Nodes>>> {
-        self.inner.nodes()
-    }
-    fn resource_quotas(
-        &self,
-        namespace: &str,
-    ) -> Option<crate::cluster::Lookup<Arc<[Arc<ResourceQuota>]>>> {
-        self.inner.resource_quotas(namespace)
-    }
-    fn device_classes(
-        &self,
-    ) -> Option<crate::cluster::Lookup<Arc<std::collections::BTreeSet<String>>>> {
-        self.inner.device_classes()
-    }
-    fn kueue_local_queue(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Option<crate::cluster::Lookup<Arc<Value>>> {
-        self.inner.kueue_local_queue(namespace, name)
-    }
-    fn kueue_cluster_queue(&self, name: &str) -> Option<crate::cluster::Lookup<Arc<Value>>> {
-        self.inner.kueue_cluster_queue(name)
-    }
 }
 
 /// How many copies of its pods a workload runs at once (its kind's `copies`; 1 where the
