@@ -160,7 +160,8 @@ pub fn build(
     Ok(apply(source, trainjob, name, &runtime))
 }
 
-/// [`build`] once the runtime is known.
+/// [`build`] once the runtime is known: its JobSet template with the TrainJob's overrides
+/// and patches merged in, then each replicated job as the plugins change it ([`Plan`]).
 pub fn apply(
     source: &TrainingRuntimeSource,
     trainjob: &Value,
@@ -172,7 +173,17 @@ pub fn apply(
         _ => Value::Object(Map::new()),
     };
     let job = trainjob.get("spec");
-    // Trainer v2.1: the pod template overrides of their target jobs.
+    apply_overrides(&mut spec, job);
+    apply_patches(&mut spec, job);
+    let plan = Plan::of(runtime, job);
+    for rjob in replicated_jobs(&mut spec) {
+        plan.apply(source, name, rjob);
+    }
+    runtime_with(runtime, spec)
+}
+
+/// Trainer v2.1: the pod template overrides of their target jobs, in order.
+fn apply_overrides(spec: &mut Value, job: Option<&Value>) {
     for o in list(job, "podTemplateOverrides") {
         let mut patch = Map::new();
         if let Some(Value::Object(m)) = o.get("metadata") {
@@ -192,38 +203,80 @@ pub fn apply(
             .iter()
             .filter_map(|t| t.get("name")?.as_str())
             .collect();
-        for rjob in replicated_jobs(&mut spec) {
+        for rjob in replicated_jobs(spec) {
             let named = rjob.get("name").and_then(Value::as_str);
             if named.is_some_and(|n| targets.contains(&n)) {
                 merge(pod_template(rjob), &patch, "");
             }
         }
     }
-    // Trainer v2.2 on: the runtime patches, in order.
+}
+
+/// Trainer v2.2 on: the runtime patches, in order.
+fn apply_patches(spec: &mut Value, job: Option<&Value>) {
     for p in list(job, "runtimePatches") {
         if let Some(patch) = p
             .pointer("/trainingRuntimeSpec/template/spec")
             .filter(|s| s.is_object())
         {
-            merge(&mut spec, patch, "");
+            merge(spec, patch, "");
         }
     }
-    let trainer = job.and_then(|j| j.get("trainer"));
-    let ml = runtime.pointer("/spec/mlPolicy");
-    let mpi = ml.and_then(|m| m.get("mpi")).filter(|m| m.is_object());
-    let launcher_as_node = mpi
-        .and_then(|m| m.get("runLauncherAsNode"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let nodes = trainer
-        .and_then(|t| t.get("numNodes"))
-        .or_else(|| ml.and_then(|m| m.get("numNodes")))
-        .and_then(Value::as_i64)
-        .unwrap_or(1);
-    let group = runtime.pointer("/spec/podGroupPolicy");
-    let coscheduling = group.and_then(|g| g.get("coscheduling")).is_some();
-    let volcano = group.and_then(|g| g.get("volcano")).is_some();
-    for rjob in replicated_jobs(&mut spec) {
+}
+
+/// What the runtime's plugins decide for one TrainJob, before any replicated job is
+/// changed: the trainer fields, the node count, MPI's launcher, the gang scheduler.
+struct Plan<'a> {
+    /// The TrainJob's `spec.trainer`.
+    trainer: Option<&'a Value>,
+    /// The runtime's `mlPolicy.mpi`: its `node` step makes the nodes.
+    mpi: bool,
+    /// MPI's `runLauncherAsNode`: the launcher is one of the nodes, and the `node` step
+    /// gets the trainer's env and resources too.
+    launcher_as_node: bool,
+    /// The TrainJob's `trainer.numNodes`, else the runtime's `mlPolicy.numNodes`, else 1.
+    nodes: i64,
+    coscheduling: bool,
+    volcano: bool,
+}
+
+impl<'a> Plan<'a> {
+    fn of(runtime: &'a Value, job: Option<&'a Value>) -> Plan<'a> {
+        let trainer = job.and_then(|j| j.get("trainer"));
+        let ml = runtime.pointer("/spec/mlPolicy");
+        let mpi = ml.and_then(|m| m.get("mpi")).filter(|m| m.is_object());
+        let group = runtime.pointer("/spec/podGroupPolicy");
+        Plan {
+            trainer,
+            mpi: mpi.is_some(),
+            launcher_as_node: mpi
+                .and_then(|m| m.get("runLauncherAsNode"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            nodes: trainer
+                .and_then(|t| t.get("numNodes"))
+                .or_else(|| ml.and_then(|m| m.get("numNodes")))
+                .and_then(Value::as_i64)
+                .unwrap_or(1),
+            coscheduling: group.and_then(|g| g.get("coscheduling")).is_some(),
+            volcano: group.and_then(|g| g.get("volcano")).is_some(),
+        }
+    }
+
+    /// How many pods a replicated job runs (its Job's parallelism and completions), where
+    /// the plan sets it: MPI's `node` step (less the launcher where it is one of the
+    /// nodes), or the trainer step.
+    fn count(&self, trainer_step: bool, node_step: bool) -> Option<i64> {
+        match (self.mpi, node_step) {
+            (true, true) if self.launcher_as_node => Some((self.nodes - 1).max(1)),
+            (true, true) => Some(self.nodes),
+            (true, false) => None,
+            (false, _) => trainer_step.then_some(self.nodes),
+        }
+    }
+
+    /// Replicated job `rjob` of TrainJob `name` as the plugins change it.
+    fn apply(&self, source: &TrainingRuntimeSource, name: &str, rjob: &mut Value) {
         let step = rjob
             .pointer(&format!(
                 "/template/metadata/labels/{}",
@@ -232,13 +285,7 @@ pub fn apply(
             .and_then(Value::as_str)
             == Some(TRAINER);
         let is_node = rjob.get("name").and_then(Value::as_str) == Some(NODE);
-        let count = match (mpi.is_some(), is_node) {
-            (true, true) if launcher_as_node => Some((nodes - 1).max(1)),
-            (true, true) => Some(nodes),
-            (true, false) => None,
-            (false, _) => step.then_some(nodes),
-        };
-        if let (Some(n), Some(r)) = (count, rjob.as_object_mut()) {
+        if let (Some(n), Some(r)) = (self.count(step, is_node), rjob.as_object_mut()) {
             if let Some(Value::Object(t)) = r.get_mut("template") {
                 if let Value::Object(js) =
                     t.entry("spec").or_insert_with(|| Value::Object(Map::new()))
@@ -255,20 +302,23 @@ pub fn apply(
         }
         // A step without a pod template makes no pod tollgate could judge.
         if rjob.pointer("/template/spec/template").is_none() {
-            continue;
+            return;
         }
         let template = pod_template(rjob);
-        if coscheduling {
+        if self.coscheduling {
             set_string(template, "labels", COSCHEDULING_LABEL, name);
         }
-        if volcano {
+        if self.volcano {
             set_string(template, "annotations", VOLCANO_ANNOTATION, name);
         }
-        let Some(trainer) = trainer.filter(|_| step || (launcher_as_node && is_node)) else {
-            continue;
+        let Some(trainer) = self
+            .trainer
+            .filter(|_| step || (self.launcher_as_node && is_node))
+        else {
+            return;
         };
         let Some(node) = node_container(template) else {
-            continue;
+            return;
         };
         if step {
             for k in ["image", "command", "args"] {
@@ -294,6 +344,11 @@ pub fn apply(
             }
         }
     }
+}
+
+/// The runtime as the policy's template paths read it: its apiVersion, kind, name and
+/// namespace, and `spec` as its JobSet template's spec.
+fn runtime_with(runtime: &Value, spec: Value) -> Value {
     let mut meta = Map::new();
     for k in ["name", "namespace"] {
         if let Some(v) = runtime.pointer(&format!("/metadata/{k}")) {

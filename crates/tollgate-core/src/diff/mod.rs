@@ -10,6 +10,14 @@
 //! with the same text are equal, so they are skipped with one comparison of bytes; the
 //! walk descends only where the texts differ, and an operation's value is copied from the
 //! mutated pod's text as it stands.
+//!
+//! The patch is written from the typed pod, whose JSON can differ from the object the
+//! apiserver sent where the typed model reads an absent field as empty: [`anchor`] repairs
+//! a patch so that it applies to the object as sent.
+
+mod anchor;
+
+pub use anchor::to_sent_object;
 
 use std::fmt::Write as _;
 use std::io::{self, Write};
