@@ -695,8 +695,13 @@ fn join_and(items: &[String]) -> String {
 /// container name, each container's mounts by name and path, its variables by name, its
 /// limits by resource.
 fn in_order(step: Step, mut adds: Vec<Added>) -> Vec<Added> {
-    if matches!(step, Step::DriverMounts | Step::DefaultResources) {
-        adds.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
+    match step {
+        Step::DriverMounts | Step::DefaultResources => {
+            adds.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
+        }
+        // Added in the one order that makes sense of them: the classes' tolerations, the
+        // one sidecar.
+        Step::Tolerations | Step::MetricsSidecar => {}
     }
     adds
 }

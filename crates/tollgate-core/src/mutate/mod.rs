@@ -18,37 +18,7 @@ use crate::cluster::Offline;
 use crate::gpu::Gpus;
 use crate::pod::annotation_is_true;
 use crate::policy::Policy;
-
-/// One mutation step, named as in the applied annotation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Step {
-    Tolerations,
-    DriverMounts,
-    MetricsSidecar,
-    DefaultResources,
-}
-
-impl Step {
-    pub const ALL: [Step; 4] = [
-        Step::Tolerations,
-        Step::DriverMounts,
-        Step::MetricsSidecar,
-        Step::DefaultResources,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Step::Tolerations => "tolerations",
-            Step::DriverMounts => "driver-mounts",
-            Step::MetricsSidecar => "metrics-sidecar",
-            Step::DefaultResources => "default-resources",
-        }
-    }
-
-    fn from_str(s: &str) -> Option<Step> {
-        Step::ALL.into_iter().find(|x| x.as_str() == s)
-    }
-}
+pub use crate::policy::Step;
 
 /// What mutation did to a pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -197,32 +167,22 @@ pub fn is_training_pod(policy: &Policy, pod: &Pod, gpus: &Gpus<'_>) -> bool {
 pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>, profile: Option<&str>) -> Outcome {
     let m = &policy.mutation;
     let mut out = Outcome::default();
-    // The sidecar goes in before defaults so that it is covered by them like any container.
-    let steps: [(Step, bool, StepFn); 4] = [
-        (
-            Step::Tolerations,
-            m.gpu_tolerations.enabled,
-            tolerations::apply,
-        ),
-        (
-            Step::DriverMounts,
-            m.driver_mounts.enabled,
-            driver_mounts::apply,
-        ),
-        (
-            Step::MetricsSidecar,
-            m.metrics_sidecar.enabled,
-            |policy, _, pod, added, warnings| metrics_sidecar::apply(policy, pod, added, warnings),
-        ),
-        (
-            Step::DefaultResources,
-            m.default_resources.enabled,
-            default_resources::apply,
-        ),
-    ];
     let mut added = Vec::new();
-    for (step, enabled, apply) in steps {
-        if enabled && apply(policy, gpus, pod, &mut added, &mut out.warnings) {
+    // In the steps' order: the sidecar goes in before defaults so that it is covered by
+    // them like any container.
+    for step in Step::ALL {
+        if !m.enabled(step) {
+            continue;
+        }
+        let apply: StepFn = match step {
+            Step::Tolerations => tolerations::apply,
+            Step::DriverMounts => driver_mounts::apply,
+            Step::MetricsSidecar => |policy, _, pod, added, warnings| {
+                metrics_sidecar::apply(policy, pod, added, warnings)
+            },
+            Step::DefaultResources => default_resources::apply,
+        };
+        if apply(policy, gpus, pod, &mut added, &mut out.warnings) {
             out.applied.push(step);
         }
         out.added.extend(added.drain(..).map(|a| (step, a)));
@@ -266,7 +226,7 @@ impl Applied {
         if let Some(profile) = s.strip_prefix("profile=") {
             return (!profile.is_empty()).then(|| Applied::Profile(profile.to_owned()));
         }
-        Step::from_str(s).map(Applied::Step)
+        Step::from_name(s).map(Applied::Step)
     }
 
     fn write(&self, out: &mut String) {

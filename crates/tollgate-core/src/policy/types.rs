@@ -522,6 +522,72 @@ pub struct Mutation {
     pub default_resources: DefaultResources,
 }
 
+/// The mutation steps, each named once: its variant, its name in the applied annotation
+/// (and the audit's rule), and its section under `mutation` in the policy file. `ALL`
+/// comes from the same list, so it cannot leave one out.
+macro_rules! steps {
+    ($($(#[$doc:meta])* $step:ident = $name:literal, $field:literal;)+) => {
+        /// One mutation step. This is the steps' one list: the engine runs them in its
+        /// order (`mutate`), and every other place that must answer each step (the
+        /// TollgateProfile bounds, the export, the policy's checks, the policy's switch
+        /// for it, [`Mutation::enabled`]) matches on it exhaustively, so a new step does
+        /// not compile until each does.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Step {
+            $($(#[$doc])* $step,)+
+        }
+
+        impl Step {
+            /// Every step, in the order they run.
+            pub const ALL: [Step; [$(Step::$step),+].len()] = [$(Step::$step),+];
+
+            /// As the applied annotation and the audit name it (`driver-mounts`).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Step::$step => $name,)+
+                }
+            }
+
+            /// Its section under `mutation` in the policy file (`driverMounts`).
+            pub fn field(self) -> &'static str {
+                match self {
+                    $(Step::$step => $field,)+
+                }
+            }
+        }
+    };
+}
+
+steps! {
+    /// The GPU classes' tolerations on a GPU pod.
+    Tolerations = "tolerations", "gpuTolerations";
+    /// The node's driver directories mounted into the containers that use a GPU.
+    DriverMounts = "driver-mounts", "driverMounts";
+    /// A metrics sidecar injected.
+    MetricsSidecar = "metrics-sidecar", "metricsSidecar";
+    /// Default limits (and what the apiserver defaults requests from) where none are set.
+    DefaultResources = "default-resources", "defaultResources";
+}
+
+impl Step {
+    /// The step named `name` in the applied annotation.
+    pub fn from_name(name: &str) -> Option<Step> {
+        Step::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+}
+
+impl Mutation {
+    /// Whether the policy runs `step`.
+    pub fn enabled(&self, step: Step) -> bool {
+        match step {
+            Step::Tolerations => self.gpu_tolerations.enabled,
+            Step::DriverMounts => self.driver_mounts.enabled,
+            Step::MetricsSidecar => self.metrics_sidecar.enabled,
+            Step::DefaultResources => self.default_resources.enabled,
+        }
+    }
+}
+
 /// An admission operation: `CREATE` or `UPDATE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum Operation {
