@@ -117,7 +117,7 @@ fn gpu_pod(name: &str, gpus: &str, spec: Value) -> Value {
 
 /// `/validate` of a CREATE of `pod` by alice.
 async fn validate(c: &mut Client, pod: &Value) -> Value {
-    let review = tollgate_core::pipeline::synthetic_review(pod, None, "alice", &[]);
+    let review = tollgate_core::synthetic_review(pod, None, "alice", &[]);
     let (status, bytes) = c
         .post("/validate", serde_json::to_vec(&review).unwrap())
         .await;
@@ -164,6 +164,51 @@ impl Isolated {
         let n = self.pool.node(name, gpus, labels);
         context::create(&self.admin, &n).await;
         n
+    }
+
+    /// The ServiceAccount `audit` of the test's namespace, bound to the RBAC tollgate
+    /// ships for the background audit (deploy/components/policy-reports/rbac.yaml, and the
+    /// cluster context's rules, each as `adjust` leaves it): its kubeconfig.
+    async fn audit_identity(&self, adjust: impl Fn(&mut Value)) -> std::path::PathBuf {
+        let audit_rbac = "deploy/components/policy-reports/rbac.yaml";
+        let mut rules = context::rules_of(audit_rbac, "ClusterRole", "tollgate-audit");
+        rules.extend(context::shipped_rules().into_iter().map(|mut r| {
+            adjust(&mut r);
+            r
+        }));
+        context::bind(self.cp, &self.ns, "audit", &rules).await;
+        let lease = context::rules_of(audit_rbac, "Role", "tollgate-audit-lease");
+        context::bind_in(self.cp, &self.ns, "audit", &lease).await;
+        context::sa_kubeconfig(self.cp, &self.ns, "audit")
+    }
+
+    /// A server as the ServiceAccount bound to the shipped RBAC, the built-in policy in
+    /// force, its background audit running unpaced every 100 ms as `audit` (a kubeconfig,
+    /// [`Isolated::audit_identity`]), its Lease in the test's namespace.
+    async fn serve_auditing(&self, audit: std::path::PathBuf) -> TestServer {
+        let kubeconfig = context::shipped_identity(self.cp, &self.ns).await;
+        let ns = self.ns.clone();
+        let server = context::serve(kubeconfig, |o| {
+            let mut a = AuditOptions::new(Duration::from_millis(100));
+            a.rate = 0;
+            a.kubeconfig = Some(audit);
+            a.lease_namespace = Some(ns);
+            o.audit = Some(a);
+        })
+        .await;
+        in_force(server, "# the built-in policy\n").await
+    }
+
+    /// The PolicyReports of the test's namespace, as the admin reads them.
+    fn policy_reports(&self) -> kube::Api<kube::api::DynamicObject> {
+        kube::Api::namespaced_with(
+            self.admin.clone(),
+            &self.ns,
+            &kube::api::ApiResource::from_gvk_with_plural(
+                &kube::api::GroupVersionKind::gvk("wgpolicyk8s.io", "v1alpha2", "PolicyReport"),
+                "policyreports",
+            ),
+        )
     }
 
     /// A server as the ServiceAccount bound to the shipped RBAC, `policy` in force.
@@ -403,6 +448,13 @@ fn queued_job(ns: &str, pod_spec: Value) -> Value {
         "spec": {"pytorchReplicaSpecs": {"Worker": worker}}})
 }
 
+/// LocalQueue `team-a` of namespace `ns`, submitting to ClusterQueue `cluster_queue`.
+fn local_queue(ns: &str, cluster_queue: &str) -> Value {
+    json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+        "metadata": {"name": "team-a", "namespace": ns},
+        "spec": {"clusterQueue": cluster_queue}})
+}
+
 /// A ClusterQueue named `name` of `nominal` GPUs, borrowing up to `borrowing` from
 /// `cohort`.
 fn cluster_queue(name: &str, nominal: &str, cohort: Option<(&str, &str)>) -> Value {
@@ -453,13 +505,7 @@ async fn kueue_queues_arriving_by_watch_hold_a_workload_to_its_cluster_queue() {
     // ClusterQueues and cohorts are cluster-wide: names of this test's own.
     let cq = context::unique("team-a");
     let cohort = context::unique("research");
-    context::create(
-        &t.admin,
-        &json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-            "metadata": {"name": "team-a", "namespace": t.ns},
-            "spec": {"clusterQueue": cq}}),
-    )
-    .await;
+    context::create(&t.admin, &local_queue(&t.ns, &cq)).await;
     context::create(&t.admin, &cluster_queue(&cq, "8", None)).await;
     until("the queues by the watch", async || {
         validate(&mut c, &job).await["allowed"] == false
@@ -519,13 +565,7 @@ async fn the_audits_see_the_kueue_queues_the_webhook_sees() {
     // Room on the nodes for each pod: only the ClusterQueue stands in the way.
     t.node("gpu-0", "8", json!({})).await;
     let cq = context::unique("team-a");
-    context::create(
-        &t.admin,
-        &json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-            "metadata": {"name": "team-a", "namespace": t.ns},
-            "spec": {"clusterQueue": cq}}),
-    )
-    .await;
+    context::create(&t.admin, &local_queue(&t.ns, &cq)).await;
     context::create(&t.admin, &cluster_queue(&cq, "8", None)).await;
     let mut pod_spec = json!({
         "restartPolicy": "Never",
@@ -543,25 +583,9 @@ async fn the_audits_see_the_kueue_queues_the_webhook_sees() {
             "template": {"spec": pod_spec}}});
     context::create(&t.admin, &job).await;
 
-    let audit_rbac = "deploy/components/policy-reports/rbac.yaml";
-    let mut rules = context::rules_of(audit_rbac, "ClusterRole", "tollgate-audit");
-    rules.extend(context::shipped_rules());
-    context::bind(t.cp, &t.ns, "audit", &rules).await;
-    let lease = context::rules_of(audit_rbac, "Role", "tollgate-audit-lease");
-    context::bind_in(t.cp, &t.ns, "audit", &lease).await;
-    let audit = context::sa_kubeconfig(t.cp, &t.ns, "audit");
+    let audit = t.audit_identity(|_| {}).await;
     context::until_may_list(t.cp, &audit, "nodes").await;
-    let kubeconfig = context::shipped_identity(t.cp, &t.ns).await;
-    let (ns, background) = (t.ns.clone(), audit.clone());
-    let server = context::serve(kubeconfig, |o| {
-        let mut a = AuditOptions::new(Duration::from_millis(100));
-        a.rate = 0;
-        a.kubeconfig = Some(background);
-        a.lease_namespace = Some(ns);
-        o.audit = Some(a);
-    })
-    .await;
-    let server = in_force(server, "# the built-in policy\n").await;
+    let server = t.serve_auditing(audit.clone()).await;
     let mut c = client(&server).await;
     until("ready", async || ready(&mut c).await.0 == 200).await;
 
@@ -586,14 +610,7 @@ async fn the_audits_see_the_kueue_queues_the_webhook_sees() {
     );
 
     // The background audit, in the server's caches.
-    let reports = kube::Api::<kube::api::DynamicObject>::namespaced_with(
-        t.admin.clone(),
-        &t.ns,
-        &kube::api::ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk("wgpolicyk8s.io", "v1alpha2", "PolicyReport"),
-            "policyreports",
-        ),
-    );
+    let reports = t.policy_reports();
     let mut reported = std::collections::BTreeSet::new();
     until("the Kueue finding in the report", async || {
         let report = reports.get_opt("tollgate").await.unwrap();
@@ -772,7 +789,7 @@ async fn a_cluster_serving_dra_v1beta1_only() {
     let mut c = client(&server).await;
     until("ready", async || ready(&mut c).await.0 == 200).await;
     let review = |pod: &Value, uid: &str| {
-        let mut r = tollgate_core::pipeline::synthetic_review(pod, None, "alice", &[]);
+        let mut r = tollgate_core::synthetic_review(pod, None, "alice", &[]);
         r["request"]["uid"] = json!(uid);
         serde_json::to_vec(&r).unwrap()
     };
@@ -908,38 +925,16 @@ async fn the_background_audit_reports_what_can_never_run() {
     // Pending for good: no scheduler runs.
     context::create(&t.admin, &t.pod("nine", "9", json!({}))).await;
 
-    let audit_rbac = "deploy/components/policy-reports/rbac.yaml";
-    let mut rules = context::rules_of(audit_rbac, "ClusterRole", "tollgate-audit");
-    rules.extend(context::shipped_rules().into_iter().map(|mut r| {
-        if let Some(resources) = r["resources"].as_array_mut() {
-            resources.retain(|x| x != "nodes");
-        }
-        r
-    }));
-    context::bind(t.cp, &t.ns, "audit", &rules).await;
-    let lease = context::rules_of(audit_rbac, "Role", "tollgate-audit-lease");
-    context::bind_in(t.cp, &t.ns, "audit", &lease).await;
-    let audit = context::sa_kubeconfig(t.cp, &t.ns, "audit");
+    let audit = t
+        .audit_identity(|r| {
+            if let Some(resources) = r["resources"].as_array_mut() {
+                resources.retain(|x| x != "nodes");
+            }
+        })
+        .await;
     context::until_may_list(t.cp, &audit, "pods").await;
-    let kubeconfig = context::shipped_identity(t.cp, &t.ns).await;
-    let ns = t.ns.clone();
-    let server = context::serve(kubeconfig, |o| {
-        let mut a = AuditOptions::new(Duration::from_millis(100));
-        a.rate = 0;
-        a.kubeconfig = Some(audit);
-        a.lease_namespace = Some(ns);
-        o.audit = Some(a);
-    })
-    .await;
-    let server = in_force(server, "# the built-in policy\n").await;
-    let reports = kube::Api::<kube::api::DynamicObject>::namespaced_with(
-        t.admin.clone(),
-        &t.ns,
-        &kube::api::ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk("wgpolicyk8s.io", "v1alpha2", "PolicyReport"),
-            "policyreports",
-        ),
-    );
+    let server = t.serve_auditing(audit).await;
+    let reports = t.policy_reports();
     let mut found = None;
     until("the feasibility finding in the report", async || {
         found = reports.get_opt("tollgate").await.unwrap().and_then(|r| {

@@ -17,9 +17,10 @@ use serde_json::Value;
 use super::{classify, AuditError, Auditor, Namespaces, Needs};
 use crate::cluster::nodes::{NodeView, ShapeIndex};
 use crate::cluster::{dra, kueue};
-use tollgate_core::capacity::Nodes;
-use tollgate_core::cluster::{self, Objects, KUEUE_API_VERSIONS};
-use tollgate_core::policy::{FeasibilityMode, Policy};
+use tollgate_core::{
+    claim_from, claim_template_from, namespace_and_name, FeasibilityMode, Nodes, Objects, Policy,
+    KUEUE_API_VERSIONS,
+};
 
 /// Objects per list request: the page size kube's reflectors and kubectl use.
 pub const PAGE_SIZE: u32 = 500;
@@ -110,7 +111,7 @@ pub async fn namespaces(
                     None => break,
                 }
             }
-            out.retain(|n| !tollgate_core::glob::any(&a.exclude, &n.name));
+            out.retain(|n| !tollgate_core::matches_any(&a.exclude, &n.name));
             out.sort_by(|x, y| x.name.cmp(&y.name));
             Ok(out)
         }
@@ -226,7 +227,7 @@ pub async fn cluster_wide(a: &Auditor, policy: &Policy) -> Result<ClusterWide, A
         let mut queues = BTreeMap::new();
         let listed = match raw_pages(a, &resource, None, |q| {
             if let Ok(q) = kueue::queue(&q) {
-                queues.insert(cluster::namespace_and_name(&q).1, q);
+                queues.insert(namespace_and_name(&q).1, q);
             }
         })
         .await
@@ -296,7 +297,7 @@ pub async fn context(
             a,
             &templates,
             Some(&ns.name),
-            |t| match cluster::claim_template_from(&t) {
+            |t| match claim_template_from(&t) {
                 Ok(t) => objects.add_template(t),
                 Err(e) => unreadable = Some(e),
             },
@@ -314,7 +315,7 @@ pub async fn context(
             if generated {
                 return;
             }
-            match cluster::claim_from(&c) {
+            match claim_from(&c) {
                 Ok(mut c) => {
                     c.status = None;
                     objects.add_claim(c);
@@ -361,7 +362,7 @@ pub async fn context(
             let mut queues = BTreeMap::new();
             let listed = match raw_pages(a, &resource, Some(&ns.name), |q| {
                 if let Ok(q) = kueue::queue(&q) {
-                    queues.insert(cluster::namespace_and_name(&q), q);
+                    queues.insert(namespace_and_name(&q), q);
                 }
             })
             .await
@@ -455,12 +456,12 @@ pub async fn policy_objects(
     a: &Auditor,
     scope: &Namespaces,
 ) -> Result<(Vec<Value>, Vec<String>), AuditError> {
-    use tollgate_core::objects::{
-        GROUP, POLICY_KIND, POLICY_PLURAL, PROFILE_KIND, PROFILE_PLURAL, VERSION,
+    use tollgate_core::{
+        POLICY_GROUP, POLICY_KIND, POLICY_PLURAL, POLICY_VERSION, PROFILE_KIND, PROFILE_PLURAL,
     };
     // GROUP/VERSION, as discovery names it (a &'static str).
     const SERVED: &str = "tollgate.dev/v1alpha1";
-    debug_assert_eq!(SERVED, format!("{GROUP}/{VERSION}"));
+    debug_assert_eq!(SERVED, format!("{POLICY_GROUP}/{POLICY_VERSION}"));
     let served = dra::newest_served(&a.client, &[SERVED])
         .await
         .map_err(|e| discovery_failed(a, e))?;
@@ -477,7 +478,7 @@ pub async fn policy_objects(
         (POLICY_KIND, POLICY_PLURAL, None),
         (PROFILE_KIND, PROFILE_PLURAL, namespace),
     ] {
-        let gvk = kube::api::GroupVersionKind::gvk(GROUP, VERSION, kind);
+        let gvk = kube::api::GroupVersionKind::gvk(POLICY_GROUP, POLICY_VERSION, kind);
         let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
         let needs = Needs {
             verb: "list",

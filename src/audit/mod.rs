@@ -1,6 +1,6 @@
 //! The audit of a live cluster: `tollgate audit` and the server's background audit.
 //!
-//! Each object is judged by the engine ([`tollgate_core::audit::judge`]) as a CREATE of it
+//! Each object is judged by the engine ([`tollgate_core::audit_object`]) as a CREATE of it
 //! would be; this module only reads the cluster and hands the findings on:
 //!
 //! - [`list`]: the namespaces in scope, and per namespace the objects to judge and the
@@ -27,12 +27,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::Client;
-use serde_json::Value;
 
 use crate::cluster::ClusterContext;
-use tollgate_core::audit::{self as engine, Audited, OptOutState};
-use tollgate_core::cluster::{Cluster, Objects};
-use tollgate_core::policy::Policy;
+use tollgate_core::{audit_object, controlled, Audited, Objects, OptOutState, Policy};
 
 pub use list::NamespaceInfo;
 
@@ -56,9 +53,6 @@ pub enum AuditError {
     Forbidden { needs: String, detail: String },
     #[error("{what}: {detail}")]
     Api { what: String, detail: String },
-    /// Only a bug in the engine could cause it.
-    #[error("judging {object}: {detail}")]
-    Judge { object: String, detail: String },
     #[error("writing the output: {0}")]
     Output(#[from] std::io::Error),
     /// The audit was asked to stop (the server is shutting down, or lost the lease).
@@ -238,7 +232,7 @@ pub struct Auditor {
     pub page_size: u32,
     /// Namespaces (names or globs) left out of an audit of all namespaces: those the
     /// webhooks never act in.
-    pub exclude: Vec<tollgate_core::glob::Glob>,
+    pub exclude: Vec<tollgate_core::Glob>,
     /// The workload kinds not listed, and why: the cluster answered 404 (their CRD is not
     /// installed, `None`) or 403 (the identity may not list them). Not asked for again in
     /// the namespaces after, until [`Auditor::start_run`].
@@ -388,11 +382,11 @@ impl Auditor {
                     // A workload a controller made (a Deployment's ReplicaSet, a CronJob's
                     // Job) is its parent's template again: judged at the parent, and
                     // its pods are judged as pods.
-                    if !is_pod && engine::controlled(&object) {
+                    if !is_pod && controlled(&object) {
                         continue;
                     }
                     let started = Instant::now();
-                    let audited = judge(policy, cluster, object)?;
+                    let audited = audit_object(policy, cluster, object);
                     let busy = started.elapsed();
                     totals.add(&audited);
                     found(&audited)?;
@@ -406,21 +400,4 @@ impl Auditor {
 
 fn absent_key(kind: &kube::api::ApiResource) -> String {
     format!("{}/{}", kind.api_version, kind.plural)
-}
-
-fn judge(policy: &Policy, cluster: &dyn Cluster, object: Value) -> Result<Audited, AuditError> {
-    let name = || {
-        let s = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or("");
-        format!(
-            "{} {}/{}",
-            s("/kind"),
-            s("/metadata/namespace"),
-            s("/metadata/name")
-        )
-    };
-    let object_name = name();
-    engine::judge(policy, cluster, object).map_err(|e| AuditError::Judge {
-        object: object_name,
-        detail: e.to_string(),
-    })
 }

@@ -51,7 +51,7 @@ impl<T> Lookup<T> {
 
 /// The kinds of object a review can ask about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Kind {
+pub enum ContextKind {
     ResourceClaim,
     ResourceClaimTemplate,
     Namespace,
@@ -61,14 +61,14 @@ pub enum Kind {
     ClusterTrainingRuntime,
 }
 
-impl Kind {
+impl ContextKind {
     pub fn as_str(self) -> &'static str {
         match self {
-            Kind::ResourceClaim => "ResourceClaim",
-            Kind::ResourceClaimTemplate => "ResourceClaimTemplate",
-            Kind::Namespace => "Namespace",
-            Kind::TrainingRuntime => "TrainingRuntime",
-            Kind::ClusterTrainingRuntime => "ClusterTrainingRuntime",
+            ContextKind::ResourceClaim => "ResourceClaim",
+            ContextKind::ResourceClaimTemplate => "ResourceClaimTemplate",
+            ContextKind::Namespace => "Namespace",
+            ContextKind::TrainingRuntime => "TrainingRuntime",
+            ContextKind::ClusterTrainingRuntime => "ClusterTrainingRuntime",
         }
     }
 }
@@ -76,7 +76,7 @@ impl Kind {
 /// An object a review asked about and could not be told of.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectKey {
-    pub kind: Kind,
+    pub kind: ContextKind,
     /// Empty for a Namespace and a ClusterTrainingRuntime.
     pub namespace: String,
     pub name: String,
@@ -208,7 +208,7 @@ impl Objects {
         }
     }
 
-    fn miss<T>(&self, kind: Kind, namespace: &str, name: &str) -> Lookup<T> {
+    fn miss<T>(&self, kind: ContextKind, namespace: &str, name: &str) -> Lookup<T> {
         let key = ObjectKey {
             kind,
             namespace: namespace.to_owned(),
@@ -343,7 +343,7 @@ impl Cluster for Objects {
     fn resource_claim(&self, namespace: &str, name: &str) -> Lookup<Arc<ResourceClaim>> {
         match self.claims.get(&(namespace.to_owned(), name.to_owned())) {
             Some(c) => Lookup::Found(c.clone()),
-            None => self.miss(Kind::ResourceClaim, namespace, name),
+            None => self.miss(ContextKind::ResourceClaim, namespace, name),
         }
     }
     fn resource_claim_template(
@@ -353,13 +353,13 @@ impl Cluster for Objects {
     ) -> Lookup<Arc<ResourceClaimTemplate>> {
         match self.templates.get(&(namespace.to_owned(), name.to_owned())) {
             Some(t) => Lookup::Found(t.clone()),
-            None => self.miss(Kind::ResourceClaimTemplate, namespace, name),
+            None => self.miss(ContextKind::ResourceClaimTemplate, namespace, name),
         }
     }
     fn namespace(&self, name: &str) -> Lookup<Arc<Namespace>> {
         match self.namespaces.get(name) {
             Some(n) => Lookup::Found(n.clone()),
-            None => self.miss(Kind::Namespace, "", name),
+            None => self.miss(ContextKind::Namespace, "", name),
         }
     }
     fn nodes(&self) -> Option<Lookup<Arc<Nodes>>> {
@@ -402,13 +402,13 @@ impl Cluster for Objects {
             .get(&(namespace.to_owned(), name.to_owned()))
         {
             Some(r) => Lookup::Found(r.clone()),
-            None => self.miss(Kind::TrainingRuntime, namespace, name),
+            None => self.miss(ContextKind::TrainingRuntime, namespace, name),
         }
     }
     fn cluster_training_runtime(&self, name: &str) -> Lookup<Arc<Value>> {
         match self.cluster_training_runtimes.get(name) {
             Some(r) => Lookup::Found(r.clone()),
-            None => self.miss(Kind::ClusterTrainingRuntime, "", name),
+            None => self.miss(ContextKind::ClusterTrainingRuntime, "", name),
         }
     }
 }

@@ -165,12 +165,12 @@ pub fn format_for(resource: &str, nano: i128) -> String {
 /// The prefix of the extended resource name Kubernetes gives a DeviceClass without an
 /// `extendedResourceName` (KEP-5004): a pod asking for
 /// `deviceclass.resource.kubernetes.io/gpu.nvidia.com: 1` gets one device of that class.
-pub const IMPLICIT_DRA_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
+pub(crate) const IMPLICIT_DRA_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
 
 /// An extended resource: a fully-qualified name outside the kubernetes.io domains, or the
 /// implicit name of a DeviceClass. Extended resources cannot be overcommitted: request must
 /// equal limit.
-pub fn is_extended_resource(name: &str) -> bool {
+pub(crate) fn is_extended_resource(name: &str) -> bool {
     if name
         .strip_prefix(IMPLICIT_DRA_PREFIX)
         .is_some_and(|class| !class.is_empty())

@@ -30,25 +30,25 @@
 
 use serde_json::{Map, Value};
 
-use crate::cluster::{Cluster, Kind, Lookup, ObjectKey};
+use crate::cluster::{Cluster, ContextKind, Lookup, ObjectKey};
 use crate::policy::{ResourcesPerNode, TrainingRuntimeSource};
 
 /// The API group of TrainJobs and their runtimes.
 pub const GROUP: &str = "trainer.kubeflow.org";
 /// The label on a replicated job's Job template naming its step.
-pub const ANCESTOR: &str = "trainer.kubeflow.org/trainjob-ancestor-step";
+pub(crate) const ANCESTOR: &str = "trainer.kubeflow.org/trainjob-ancestor-step";
 /// The step the trainer fields change.
-pub const TRAINER: &str = "trainer";
+pub(crate) const TRAINER: &str = "trainer";
 /// The trainer's container, and the MPI runtimes' node step.
-pub const NODE: &str = "node";
+pub(crate) const NODE: &str = "node";
 const COSCHEDULING_LABEL: &str = "scheduling.x-k8s.io/pod-group";
 const VOLCANO_ANNOTATION: &str = "scheduling.k8s.io/group-name";
 
 /// The runtime a TrainJob names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuntimeRef {
-    /// [`Kind::TrainingRuntime`] or [`Kind::ClusterTrainingRuntime`].
-    pub kind: Kind,
+pub(crate) struct RuntimeRef {
+    /// [`ContextKind::TrainingRuntime`] or [`ContextKind::ClusterTrainingRuntime`].
+    pub kind: ContextKind,
     /// The TrainJob's, for a TrainingRuntime; empty for a ClusterTrainingRuntime.
     pub namespace: String,
     pub name: String,
@@ -58,7 +58,7 @@ impl RuntimeRef {
     /// `spec.runtimeRef` of `trainjob` in `namespace`: the kind defaults to
     /// ClusterTrainingRuntime and the group to trainer.kubeflow.org, as the CRD's defaults.
     /// An error says what else it names.
-    pub fn of(trainjob: &Value, namespace: &str) -> Result<RuntimeRef, String> {
+    pub(crate) fn of(trainjob: &Value, namespace: &str) -> Result<RuntimeRef, String> {
         let r = trainjob.pointer("/spec/runtimeRef");
         let field = |k: &str| r.and_then(|r| r.get(k)).and_then(Value::as_str);
         let group = field("apiGroup").unwrap_or(GROUP);
@@ -68,8 +68,8 @@ impl RuntimeRef {
             return Err("its spec.runtimeRef names no runtime".into());
         }
         let kind = match (group, kind) {
-            (GROUP, "TrainingRuntime") => Kind::TrainingRuntime,
-            (GROUP, "ClusterTrainingRuntime") => Kind::ClusterTrainingRuntime,
+            (GROUP, "TrainingRuntime") => ContextKind::TrainingRuntime,
+            (GROUP, "ClusterTrainingRuntime") => ContextKind::ClusterTrainingRuntime,
             _ => {
                 return Err(format!(
                     "its spec.runtimeRef names a {kind} ({group}) {name:?}, not a TrainingRuntime or ClusterTrainingRuntime of {GROUP}"
@@ -77,7 +77,7 @@ impl RuntimeRef {
             }
         };
         let namespace = match kind {
-            Kind::TrainingRuntime => namespace.to_owned(),
+            ContextKind::TrainingRuntime => namespace.to_owned(),
             _ => String::new(),
         };
         Ok(RuntimeRef {
@@ -88,7 +88,7 @@ impl RuntimeRef {
     }
 
     /// The key the shell fetches it by.
-    pub fn key(&self) -> ObjectKey {
+    pub(crate) fn key(&self) -> ObjectKey {
         ObjectKey {
             kind: self.kind,
             namespace: self.namespace.clone(),
@@ -97,13 +97,13 @@ impl RuntimeRef {
     }
 
     /// `ClusterTrainingRuntime "torch-distributed"`, as messages name it.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!("{} {:?}", self.kind.as_str(), self.name)
     }
 
     fn lookup(&self, cluster: &dyn Cluster) -> Lookup<std::sync::Arc<Value>> {
         match self.kind {
-            Kind::TrainingRuntime => cluster.training_runtime(&self.namespace, &self.name),
+            ContextKind::TrainingRuntime => cluster.training_runtime(&self.namespace, &self.name),
             _ => cluster.cluster_training_runtime(&self.name),
         }
     }
@@ -111,7 +111,7 @@ impl RuntimeRef {
 
 /// Why a TrainJob's pod templates could not be built, and what to fetch.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Missing {
+pub(crate) struct Unbuilt {
     /// What the warning says after the TrainJob's name.
     pub why: String,
     /// The runtime the cluster context did not know: the shell fetches it and reviews again.
@@ -120,21 +120,21 @@ pub struct Missing {
 
 /// The runtime `trainjob` names, as the controller changes it for `trainjob`: the object
 /// the policy's template paths are read in. `name` is the TrainJob's (the JobSet's).
-pub fn build(
+pub(crate) fn build(
     source: &TrainingRuntimeSource,
     trainjob: &Value,
     name: &str,
     namespace: &str,
     cluster: &dyn Cluster,
-) -> Result<Value, Missing> {
-    let runtime_ref = RuntimeRef::of(trainjob, namespace).map_err(|why| Missing {
+) -> Result<Value, Unbuilt> {
+    let runtime_ref = RuntimeRef::of(trainjob, namespace).map_err(|why| Unbuilt {
         why,
         unresolved: None,
     })?;
     let runtime = match runtime_ref.lookup(cluster) {
         Lookup::Found(r) => r,
         Lookup::Absent => {
-            return Err(Missing {
+            return Err(Unbuilt {
                 why: format!("its runtime {} was not found", runtime_ref.describe()),
                 unresolved: None,
             })
@@ -151,7 +151,7 @@ pub fn build(
                     runtime_ref.describe()
                 )
             };
-            return Err(Missing {
+            return Err(Unbuilt {
                 why,
                 unresolved: Some(runtime_ref.key()),
             });
@@ -162,7 +162,7 @@ pub fn build(
 
 /// [`build`] once the runtime is known: its JobSet template with the TrainJob's overrides
 /// and patches merged in, then each replicated job as the plugins change it ([`Plan`]).
-pub fn apply(
+pub(crate) fn apply(
     source: &TrainingRuntimeSource,
     trainjob: &Value,
     name: &str,
@@ -629,7 +629,7 @@ mod tests {
         assert_eq!(
             m.unresolved,
             Some(ObjectKey {
-                kind: Kind::ClusterTrainingRuntime,
+                kind: ContextKind::ClusterTrainingRuntime,
                 namespace: String::new(),
                 name: "torch-distributed".into()
             })

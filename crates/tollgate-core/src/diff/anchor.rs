@@ -10,7 +10,7 @@ use serde_json::Value;
 /// `patch` (a JSON patch, as text) made to apply to the object of the AdmissionReview
 /// `body` as sent; None where it applies already (the usual case: nothing is cloned then),
 /// or where either cannot be read (the patch then stays as it was).
-pub fn to_sent_object(body: &[u8], patch: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn to_sent_object(body: &[u8], patch: &[u8]) -> Option<Vec<u8>> {
     let patch: json_patch::Patch = serde_json::from_slice(patch).ok()?;
     let mut review: Value = serde_json::from_slice(body).ok()?;
     let sent = review.pointer_mut("/request/object").map(Value::take)?;

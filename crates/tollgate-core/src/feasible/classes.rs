@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::{Feasibility, Finding};
+use super::{Obstacle, Outlook};
 use crate::cluster::Cluster;
 use crate::words::quote;
 
@@ -14,7 +14,7 @@ pub(super) fn check_device_classes(
     namespace: &str,
     cluster: &dyn Cluster,
     classes: &BTreeSet<String>,
-    out: &mut Feasibility,
+    out: &mut Outlook,
 ) {
     for claim in pod
         .spec
@@ -48,7 +48,7 @@ pub(super) fn check_device_classes(
                 continue;
             }
             let known: Vec<&str> = classes.iter().map(String::as_str).collect();
-            out.findings.push(Finding {
+            out.findings.push(Obstacle {
                 never: true,
                 in_turns: false,
                 message: format!(

@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{Finding, Usage};
+use super::{Obstacle, Usage};
 use crate::cluster::{Cluster, Lookup};
 use crate::quantity;
 use crate::words::quote;
 
 /// The label with which a workload names the Kueue LocalQueue it is submitted to.
-pub const KUEUE_QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
+pub(crate) const KUEUE_QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 
 /// Where a workload submitted to a LocalQueue is admitted: its ClusterQueue, or the queue
 /// that does not exist (Kueue keeps the workload suspended until it does).
@@ -53,13 +53,13 @@ enum Lack<'a> {
 /// it only within its ClusterQueue's quota (nominal, plus what it may borrow in its
 /// cohort), and all its pods at once. `usage` is all its pods' (`pods` of them). Err: the
 /// queues are not known (what to say of them); Ok: the findings.
-pub fn kueue(
+pub(crate) fn kueue(
     queue: &str,
     namespace: &str,
     cluster: &dyn Cluster,
     usage: &Usage,
     pods: i128,
-) -> Result<Vec<Finding>, String> {
+) -> Result<Vec<Obstacle>, String> {
     let (cq_name, spec) = match route(queue, namespace, cluster)? {
         Route::Admitted {
             cluster_queue,
@@ -193,9 +193,9 @@ fn lacks<'a>(admits: &Admits, asked: &'a [(String, i128)]) -> Vec<Lack<'a>> {
     out
 }
 
-fn worded(subject: &str, admits: &Admits, pods: i128, lack: Lack<'_>) -> Finding {
+fn worded(subject: &str, admits: &Admits, pods: i128, lack: Lack<'_>) -> Obstacle {
     match lack {
-        Lack::NotCovered(resource) => Finding {
+        Lack::NotCovered(resource) => Obstacle {
             never: false,
             in_turns: false,
             message: format!(
@@ -208,7 +208,7 @@ fn worded(subject: &str, admits: &Admits, pods: i128, lack: Lack<'_>) -> Finding
             want,
         } => {
             let show = |n: i128| quantity::format_for(resource, n);
-            Finding {
+            Obstacle {
                 never: true,
                 in_turns: false,
                 message: format!(
@@ -223,8 +223,8 @@ fn worded(subject: &str, admits: &Admits, pods: i128, lack: Lack<'_>) -> Finding
 }
 
 /// A finding of a queue that does not exist: the workload waits, suspended.
-fn suspended(message: String) -> Finding {
-    Finding {
+fn suspended(message: String) -> Obstacle {
+    Obstacle {
         never: false,
         in_turns: false,
         message,

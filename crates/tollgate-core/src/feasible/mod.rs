@@ -21,10 +21,10 @@
 //!   it fits when its allocatable covers every resource the pod requests.
 //!
 //! What the context does not know (a cache not synced, a quota scope it cannot decide)
-//! refuses nothing: it is named in [`Feasibility::unknown`].
+//! refuses nothing: it is named in [`Outlook::unknown`].
 //!
 //! One source of what the cluster offers per file, each deciding into data first and
-//! wording its [`Finding`]s from that: `usage` (what a pod counts for), `quotas`, `nodes`,
+//! wording its [`Obstacle`]s from that: `usage` (what a pod counts for), `quotas`, `nodes`,
 //! `classes` (DeviceClasses), `kueue` (a workload's ClusterQueue, which `workload` asks
 //! with all its pods). This face runs them for one pod ([`pod`]). A new source (an
 //! autoscaler's node pools, say) is a file here, a [`Cluster`] method it reads through
@@ -46,14 +46,13 @@ use crate::capacity::Nodes;
 use crate::cluster::{Cluster, Lookup};
 use crate::words::quote;
 
-pub use crate::pod::Amounts;
-pub use kueue::{kueue, KUEUE_QUEUE_LABEL};
-pub use quotas::{over, quota_subject, Over};
-pub use usage::Usage;
+pub(crate) use kueue::{kueue, KUEUE_QUEUE_LABEL};
+pub(crate) use quotas::{over, quota_subject, Over};
+pub(crate) use usage::Usage;
 
 /// One thing that stands between a pod and running.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Finding {
+pub(crate) struct Obstacle {
     /// True: it can never run as written. False: not now (a quota in use), or not all at
     /// once (`in_turns`).
     pub never: bool,
@@ -66,9 +65,9 @@ pub struct Finding {
 
 /// What the context says of one pod.
 #[derive(Debug, Clone, Default)]
-pub struct Feasibility {
+pub(crate) struct Outlook {
     pub usage: Usage,
-    pub findings: Vec<Finding>,
+    pub findings: Vec<Obstacle>,
     /// What could not be checked, for one warning: "the cluster's nodes (not known yet)".
     pub unknown: Vec<String>,
     /// The quotas of the pod's namespace that apply to it: a workload's pods together are
@@ -81,10 +80,10 @@ pub struct Feasibility {
     pub admission: Option<String>,
 }
 
-impl Finding {
+impl Obstacle {
     /// The warning a user reads of it: `{subject} can never run: ...`, `cannot run now`,
     /// or, for pods that run in turns, the finding alone.
-    pub fn warning(&self, subject: &str) -> String {
+    pub(crate) fn warning(&self, subject: &str) -> String {
         let t = if self.never {
             crate::words::Template("tollgate: {subject} can never run: {finding}")
         } else if self.in_turns {
@@ -96,23 +95,16 @@ impl Finding {
     }
 }
 
-impl Feasibility {
-    /// Whether something rules the pod out for good.
-    pub fn never(&self) -> bool {
-        self.findings.iter().any(|f| f.never)
-    }
-}
-
 /// What the cluster context holds that a pod is judged against, asked once per pod (None:
 /// the context keeps no such cache).
-pub struct Known {
+pub(crate) struct Known {
     quotas: Option<Lookup<Arc<[Arc<ResourceQuota>]>>>,
     nodes: Option<Lookup<Arc<Nodes>>>,
     classes: Option<Lookup<Arc<BTreeSet<String>>>>,
 }
 
 impl Known {
-    pub fn of(cluster: &dyn Cluster, namespace: &str) -> Known {
+    pub(crate) fn of(cluster: &dyn Cluster, namespace: &str) -> Known {
         Known {
             quotas: cluster.resource_quotas(namespace),
             nodes: cluster.nodes(),
@@ -122,29 +114,29 @@ impl Known {
 
     /// Whether a pod's placement (node selector, affinity, tolerations) is read: by the
     /// nodes, and by a quota's scope.
-    pub fn reads_placement(&self) -> bool {
+    pub(crate) fn reads_placement(&self) -> bool {
         self.nodes.is_some() || self.quotas.is_some()
     }
 }
 
 /// Whether the person who applied the pod is already told that a container (by name)
 /// requests no `resource`: validation's missing requests, in a mode that says them.
-pub type Told<'a> = &'a dyn Fn(&str, &str) -> bool;
+pub(crate) type Told<'a> = &'a dyn Fn(&str, &str) -> bool;
 
 /// Judges one pod (as it will be admitted: mutated and defaulted) in `namespace`. `queued`:
 /// the pod is of a workload held to a Kueue queue the context knows, so its usage is
 /// measured whatever else the context knows (`kueue` judges the workload's pods in all).
 /// `told`: the missing requests the user already reads of, which a quota's "must specify"
 /// does not say a second time.
-pub fn pod(
+pub(crate) fn pod(
     pod: &Pod,
     namespace: &str,
     cluster: &dyn Cluster,
     known: Known,
     queued: bool,
     told: Told<'_>,
-) -> Feasibility {
-    let mut out = Feasibility::default();
+) -> Outlook {
+    let mut out = Outlook::default();
     let Known {
         quotas,
         nodes,

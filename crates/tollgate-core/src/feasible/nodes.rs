@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod};
 
-use super::{Feasibility, Finding};
+use super::{Obstacle, Outlook};
 use crate::capacity::{Nodes, Shape, Taint, HOSTNAME_LABEL};
 use crate::pod::Amounts;
 use crate::quantity;
@@ -32,12 +32,12 @@ struct Short<'a> {
     best: i128,
 }
 
-pub(super) fn check_nodes(pod: &Pod, nodes: &Nodes, out: &mut Feasibility) {
+pub(super) fn check_nodes(pod: &Pod, nodes: &Nodes, out: &mut Outlook) {
     let Some(reach) = reach(pod, nodes) else {
         return;
     };
     if reach.allowed.is_empty() {
-        out.findings.push(Finding {
+        out.findings.push(Obstacle {
             never: true,
             in_turns: false,
             message: no_node_may_run(pod, nodes, &reach),
@@ -47,7 +47,7 @@ pub(super) fn check_nodes(pod: &Pod, nodes: &Nodes, out: &mut Feasibility) {
     let Some(short) = shortfall(&out.usage.requests, &reach.allowed) else {
         return;
     };
-    out.findings.push(Finding {
+    out.findings.push(Obstacle {
         never: true,
         in_turns: false,
         message: no_node_can_run(&short, &reach.allowed),
@@ -429,9 +429,9 @@ mod tests {
         assert_eq!(nodes.shapes.len(), 1);
         let judged = |spec: serde_json::Value| {
             let pod: Pod = serde_json::from_value(json!({"spec": spec})).unwrap();
-            let mut out = Feasibility {
+            let mut out = Outlook {
                 usage: Usage::of(&pod),
-                ..Feasibility::default()
+                ..Outlook::default()
             };
             check_nodes(&pod, &nodes, &mut out);
             (names_nodes(&pod), out.findings.len())

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::{Feasibility, Finding, Told, Usage};
+use super::{Obstacle, Outlook, Told, Usage};
 use crate::quantity;
 use crate::words::quote;
 
@@ -160,7 +160,7 @@ pub(super) fn check_quotas(
     pod: &Pod,
     quotas: &[Arc<ResourceQuota>],
     told: Told<'_>,
-    out: &mut Feasibility,
+    out: &mut Outlook,
 ) {
     for q in quotas {
         let name = q.metadata.name.as_deref().unwrap_or("");
@@ -200,7 +200,7 @@ pub(super) fn check_quotas(
 /// A quota that tracks cpu or memory refuses a pod one of whose containers does not set
 /// what it tracks, with "must specify", unless the pod sets it at pod level. A missing
 /// request the user is already told of (`told`) is not said again: the fix is the same.
-fn must_specify(pod: &Pod, q: &ResourceQuota, told: Told<'_>, out: &mut Feasibility) {
+fn must_specify(pod: &Pod, q: &ResourceQuota, told: Told<'_>, out: &mut Outlook) {
     let Some(spec) = pod.spec.as_ref() else {
         return;
     };
@@ -255,7 +255,7 @@ fn must_specify(pod: &Pod, q: &ResourceQuota, told: Told<'_>, out: &mut Feasibil
         }
         let what = if limits { "limit" } else { "request" };
         let subject = quota_subject(q);
-        out.findings.push(Finding {
+        out.findings.push(Obstacle {
             never: true,
             in_turns: false,
             message: format!(
@@ -291,7 +291,7 @@ fn has_status(q: &ResourceQuota) -> bool {
 
 /// One quota resource a usage does not fit in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Over {
+pub(crate) struct Over {
     /// The quota resource (`requests.nvidia.com/gpu`).
     pub key: String,
     /// What the quota allows, what is asked and, when known, what is in use now, as
@@ -305,7 +305,7 @@ pub struct Over {
 
 /// What of quota `q` `usage` (of `pods` pods) does not fit in: what it allows at all, or
 /// what is left of it now.
-pub fn over(q: &ResourceQuota, usage: &Usage, pods: i128) -> Vec<Over> {
+pub(crate) fn over(q: &ResourceQuota, usage: &Usage, pods: i128) -> Vec<Over> {
     let mut out = vec![];
     let Some(hard) = q.spec.as_ref().and_then(|s| s.hard.as_ref()) else {
         return out;
@@ -344,7 +344,7 @@ pub fn over(q: &ResourceQuota, usage: &Usage, pods: i128) -> Vec<Over> {
 }
 
 /// How a quota names itself in a message: `quota "gpu" of namespace "ml"`.
-pub fn quota_subject(q: &ResourceQuota) -> String {
+pub(crate) fn quota_subject(q: &ResourceQuota) -> String {
     format!(
         "quota {} of namespace {}",
         quote(q.metadata.name.as_deref().unwrap_or("")),
@@ -353,14 +353,14 @@ pub fn quota_subject(q: &ResourceQuota) -> String {
 }
 
 /// What of quota `q` one pod's usage exceeds, worded for the pod.
-fn exceeded(q: &ResourceQuota, over: Vec<Over>) -> Vec<Finding> {
+fn exceeded(q: &ResourceQuota, over: Vec<Over>) -> Vec<Obstacle> {
     // Nearly every pod fits: no name to format then.
     if over.is_empty() {
         return vec![];
     }
     let subject = quota_subject(q);
     over.into_iter()
-        .map(|o| Finding {
+        .map(|o| Obstacle {
             never: o.never,
             in_turns: false,
             message: if o.never {

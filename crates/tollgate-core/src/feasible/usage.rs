@@ -9,21 +9,22 @@ use crate::pod::{add, amounts, containers_aggregate, pick, Amounts};
 
 /// What a pod counts for: its effective requests and limits.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Usage {
+pub(crate) struct Usage {
     pub requests: Amounts,
     pub limits: Amounts,
 }
 
 impl Usage {
     /// The pod's effective requests and limits, as the scheduler and the quota count them.
-    pub fn of(pod: &Pod) -> Usage {
+    #[cfg(test)]
+    pub(crate) fn of(pod: &Pod) -> Usage {
         Usage::measure(pod, true)
     }
 
     /// [`Usage::of`], the limits left empty unless `limits`: only a quota on `limits.*`
     /// reads them (nodes and Kueue count requests), and measuring them was half of what
     /// judging a GPU pod's feasibility cost.
-    pub fn measure(pod: &Pod, limits: bool) -> Usage {
+    pub(crate) fn measure(pod: &Pod, limits: bool) -> Usage {
         let Some(spec) = pod.spec.as_ref() else {
             return Usage::default();
         };
@@ -58,7 +59,7 @@ impl Usage {
     }
 
     /// This usage `n` times over.
-    pub fn times(&self, n: i128) -> Usage {
+    pub(crate) fn times(&self, n: i128) -> Usage {
         let scale = |m: &Amounts| {
             m.iter()
                 .map(|(k, v)| (k.clone(), v.saturating_mul(n)))
@@ -71,7 +72,7 @@ impl Usage {
     }
 
     /// Adds `other` to this usage.
-    pub fn add(&mut self, other: &Usage) {
+    pub(crate) fn add(&mut self, other: &Usage) {
         add(&mut self.requests, &other.requests);
         add(&mut self.limits, &other.limits);
     }

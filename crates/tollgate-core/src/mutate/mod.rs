@@ -6,23 +6,22 @@
 //! and the empty second patch work. The report is the one account of a mutation: the
 //! webhook's warnings, `tollgate review` and the audit's findings are all drawn from it.
 
-pub mod default_resources;
-pub mod driver_mounts;
-pub mod metrics_sidecar;
-pub mod tolerations;
+pub(crate) mod default_resources;
+pub(crate) mod driver_mounts;
+pub(crate) mod metrics_sidecar;
+pub(crate) mod tolerations;
 
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 use serde_json::{json, Value};
 
-use crate::cluster::Offline;
 use crate::gpu::Gpus;
 use crate::pod::annotation_is_true;
 use crate::policy::Policy;
-pub use crate::policy::Step;
+pub(crate) use crate::policy::Step;
 
 /// What mutation did to a pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Outcome {
+pub struct Report {
     /// Steps that changed the pod in this pass, in order.
     pub applied: Vec<Step>,
     /// What each step added, in the order it added it.
@@ -31,7 +30,7 @@ pub struct Outcome {
     pub warnings: Vec<String>,
 }
 
-impl Outcome {
+impl Report {
     /// What `step` added.
     pub fn added_by(&self, step: Step) -> impl Iterator<Item = &Added> {
         self.added
@@ -164,9 +163,9 @@ pub fn is_training_pod(policy: &Policy, pod: &Pod, gpus: &Gpus<'_>) -> bool {
 ///
 /// `profile` is the policy profile that chose `policy` (None: the base), recorded in the
 /// applied annotation with the steps.
-pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>, profile: Option<&str>) -> Outcome {
+pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>, profile: Option<&str>) -> Report {
     let m = &policy.mutation;
-    let mut out = Outcome::default();
+    let mut out = Report::default();
     let mut added = Vec::new();
     // In the steps' order: the sidecar goes in before defaults so that it is covered by
     // them like any container.
@@ -198,13 +197,14 @@ type StepFn = fn(&Policy, &Gpus<'_>, &mut Pod, &mut Vec<Added>, &mut Vec<String>
 
 /// A step on its own: it reads the pod's GPUs itself, without a cluster context, and
 /// keeps only its warnings (the steps' own tests).
+#[cfg(test)]
 pub(crate) fn alone(
     apply: StepFn,
     policy: &Policy,
     pod: &mut Pod,
     warnings: &mut Vec<String>,
 ) -> bool {
-    let gpus = Gpus::of(policy, pod, "", &Offline);
+    let gpus = Gpus::of(policy, pod, "", &crate::cluster::Offline);
     apply(policy, &gpus, pod, &mut Vec::new(), warnings)
 }
 
@@ -305,19 +305,23 @@ pub(crate) mod testing {
     use crate::policy::Policy;
 
     /// A step as its own tests call it: `ensure(policy, pod, warnings)`.
-    pub type EnsureFn = fn(&Policy, &mut Pod, &mut Vec<String>) -> bool;
+    pub(crate) type EnsureFn = fn(&Policy, &mut Pod, &mut Vec<String>) -> bool;
 
-    pub fn pod(v: Value) -> Pod {
+    pub(crate) fn pod(v: Value) -> Pod {
         serde_json::from_value(v).unwrap()
     }
 
-    pub fn to_json(p: &Pod) -> Value {
+    pub(crate) fn to_json(p: &Pod) -> Value {
         serde_json::to_value(p).unwrap()
     }
 
     /// Runs `step`, then again on its output, asserting the second pass changes nothing.
     /// Returns whether the first pass changed the pod, its warnings and the second's.
-    pub fn twice(step: EnsureFn, policy: &Policy, p: &mut Pod) -> (bool, Vec<String>, Vec<String>) {
+    pub(crate) fn twice(
+        step: EnsureFn,
+        policy: &Policy,
+        p: &mut Pod,
+    ) -> (bool, Vec<String>, Vec<String>) {
         let mut warnings = vec![];
         let changed = step(policy, p, &mut warnings);
         let after = to_json(p);

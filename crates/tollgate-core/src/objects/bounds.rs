@@ -18,7 +18,7 @@ use crate::policy::{FeasibilityMode, MetricsSidecar, Mode, Operation, Policy, Se
 /// A bound a TollgateProfile crosses: the field (a path in the policy, as the file writes
 /// it) and what the bound is, for the user.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Crossed {
+pub(crate) struct Crossed {
     pub section: Section,
     pub field: String,
     pub bound: String,
@@ -26,7 +26,7 @@ pub struct Crossed {
 
 /// The first bound `mine` (the profile's whole policy) crosses against `over` (what the
 /// cluster gives the namespace's pods), outside the sections `may_loosen` lists.
-pub fn check(over: &Policy, mine: &Policy, may_loosen: &[Section]) -> Result<(), Crossed> {
+pub(crate) fn check(over: &Policy, mine: &Policy, may_loosen: &[Section]) -> Result<(), Crossed> {
     for section in Section::ALL {
         if may_loosen.contains(&section) {
             continue;
@@ -343,8 +343,8 @@ fn validation(over: &Policy, mine: &Policy) -> Found {
             "validation.mode",
             format!(
                 "{} is looser than the cluster's {}: a namespace may only move validation.mode towards enforce (audit, warn, enforce)",
-                mode_name(m.mode),
-                mode_name(o.mode)
+                m.mode.as_str(),
+                o.mode.as_str()
             ),
         );
     }
@@ -364,14 +364,6 @@ fn validation(over: &Policy, mine: &Policy) -> Found {
         operation_name,
         "judged operations",
     )
-}
-
-fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Enforce => "enforce",
-        Mode::Warn => "warn",
-        Mode::Audit => "audit",
-    }
 }
 
 fn workloads(over: &Policy, mine: &Policy) -> Found {
@@ -405,19 +397,14 @@ fn feasibility(over: &Policy, mine: &Policy) -> Found {
         FeasibilityMode::Warn => 1,
         FeasibilityMode::Enforce => 2,
     };
-    let name = |mode: FeasibilityMode| match mode {
-        FeasibilityMode::Off => "off",
-        FeasibilityMode::Warn => "warn",
-        FeasibilityMode::Enforce => "enforce",
-    };
     let (o, m) = (over.feasibility.mode, mine.feasibility.mode);
     if rank(m) < rank(o) {
         return crossed(
             "feasibility.mode",
             format!(
                 "{} is looser than the cluster's {}: a namespace may only move feasibility.mode towards enforce (off, warn, enforce)",
-                name(m),
-                name(o)
+                m.as_str(),
+                o.as_str()
             ),
         );
     }

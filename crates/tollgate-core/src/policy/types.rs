@@ -30,7 +30,7 @@ pub struct Policy {
     /// Which pods are training pods (the ones that get mutated).
     pub selection: Selection,
     /// The opt-out annotation and where it is honoured.
-    pub opt_out: OptOut,
+    pub opt_out: OptOutRules,
     /// What the mutating webhook adds to a training pod: each step, whether it is on, and
     /// what it adds.
     pub mutation: Mutation,
@@ -196,7 +196,7 @@ pub struct Profile {
     /// For the pods this profile fits: the policy's `optOut`, with what is written here
     /// merged over it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "Option<OptOut>", extend("x-tollgate-merged" = true))]
+    #[schemars(with = "Option<OptOutRules>", extend("x-tollgate-merged" = true))]
     pub opt_out: Option<Value>,
     /// For the pods this profile fits: the policy's `mutation`, with what is written here
     /// merged over it.
@@ -334,7 +334,7 @@ pub struct Selection {
 /// where and for whom this section says.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct OptOut {
+pub struct OptOutRules {
     /// The pod annotation that asks to skip tollgate (value "true").
     pub annotation: String,
     /// Namespaces (names or globs with `*` and `?`) where the opt-out is honoured.
@@ -449,6 +449,17 @@ pub enum FeasibilityMode {
     Enforce,
     /// Not checked.
     Off,
+}
+
+impl FeasibilityMode {
+    /// As the policy file writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FeasibilityMode::Warn => "warn",
+            FeasibilityMode::Enforce => "enforce",
+            FeasibilityMode::Off => "off",
+        }
+    }
 }
 
 /// Where a workload kind's templates are read, when not in the workload itself.
@@ -735,6 +746,17 @@ pub enum Mode {
     Warn,
     /// Allowed, with an audit annotation and a log line.
     Audit,
+}
+
+impl Mode {
+    /// As the policy file (and the audit's findings) write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Warn => "warn",
+            Mode::Audit => "audit",
+        }
+    }
 }
 
 impl Policy {

@@ -23,36 +23,14 @@ use kube_core::admission::{self, AdmissionRequest, AdmissionResponse, AdmissionR
 use kube_core::Status;
 
 use crate::cluster::{Cluster, ObjectKey, Offline};
-use crate::judge::Stages;
 use crate::mutate::Step;
 use crate::optout::OptOut;
 use crate::parse::{self, Peeked};
 use crate::policy::{Operation, Policy};
 use crate::requester::Requester;
+use crate::stage::Stage;
 use crate::validate::{Missing, Verdict};
 use crate::workload::TemplateVerdict;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Mutate,
-    Validate,
-}
-
-impl Endpoint {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Endpoint::Mutate => "mutate",
-            Endpoint::Validate => "validate",
-        }
-    }
-
-    fn stages(self) -> Stages {
-        match self {
-            Endpoint::Mutate => Stages::Mutate,
-            Endpoint::Validate => Stages::Validate,
-        }
-    }
-}
 
 /// The one-word result of a review, for metrics and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +69,7 @@ pub enum ReviewError {
 /// Everything a review produced: the response and what the shell logs and counts.
 #[derive(Debug, Clone)]
 pub struct Reviewed {
-    pub endpoint: Endpoint,
+    pub endpoint: Stage,
     pub response: AdmissionResponse,
     pub outcome: Outcome,
     pub uid: String,
@@ -133,7 +111,7 @@ pub struct PodReview {
     /// On `/validate`: the containers lacking required requests, whatever the mode.
     pub missing: Vec<Missing>,
     /// On `/validate`, what the apiserver's ResourceQuota admission answers the pod's
-    /// create with after the webhooks, where it refuses it (`Feasibility::admission`).
+    /// create with after the webhooks, where it refuses it (`feasible::Outlook::admission`).
     pub quota_refusal: Option<String>,
 }
 
@@ -209,42 +187,39 @@ impl Reviewed {
 /// Both webhooks' answers to one review, in a cluster's order: the validating webhook's
 /// is None when it did not run (not asked, or the mutating webhook refused).
 #[derive(Debug, Clone, Default)]
-pub struct Staged {
+pub(crate) struct Staged {
     pub mutate: Option<Reviewed>,
     pub validate: Option<Reviewed>,
 }
 
 /// Parses a body and reviews it, with no cluster context. Errors are bodies that are not an
 /// AdmissionReview at all.
-pub fn review_bytes(
-    endpoint: Endpoint,
-    policy: &Policy,
-    body: &[u8],
-) -> Result<Reviewed, ReviewError> {
-    review_bytes_with(endpoint, policy, &Offline, body)
+pub fn review_bytes(stage: Stage, policy: &Policy, body: &[u8]) -> Result<Reviewed, ReviewError> {
+    review_bytes_with(stage, policy, &Offline, body)
 }
 
-/// [`review_bytes`], knowing what `cluster` knows of other objects.
+/// [`review_bytes`], knowing what `cluster` knows of other objects: the answer of the last
+/// webhook of `stage` that ran (the one a review posted to it gets, for `Mutate` or
+/// `Validate`; for `All`, the validating webhook's, unless the mutating one refused).
 pub fn review_bytes_with(
-    endpoint: Endpoint,
+    stage: Stage,
     policy: &Policy,
     cluster: &dyn Cluster,
     body: &[u8],
 ) -> Result<Reviewed, ReviewError> {
-    let staged = review_stages(endpoint.stages(), policy, cluster, body)?;
-    let one = match endpoint {
-        Endpoint::Mutate => staged.mutate,
-        Endpoint::Validate => staged.validate,
-    };
-    // Each stage asked for answers: the asked one is always there.
-    Ok(one.unwrap_or_else(|| empty(endpoint)))
+    let staged = review_stages(stage, policy, cluster, body)?;
+    // Each stage asked for answers: the first one is always there.
+    Ok(staged
+        .validate
+        .or(staged.mutate)
+        .unwrap_or_else(|| empty(stage.first())))
 }
 
 /// A body reviewed by the webhooks of `stages`: with both, as a cluster runs them (the
 /// validating webhook sees the object as the mutating webhook's patch and the apiserver's
 /// defaulting left it).
-pub fn review_stages(
-    stages: Stages,
+pub(crate) fn review_stages(
+    stages: Stage,
     policy: &Policy,
     cluster: &dyn Cluster,
     body: &[u8],
@@ -252,13 +227,9 @@ pub fn review_stages(
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ReviewError::Empty);
     }
-    let shape = match stages {
-        Stages::Validate => parse::Shape::Validation,
-        Stages::Mutate | Stages::Both => parse::Shape::Full,
-    };
     // Pods first: nearly every review is one, and the pod shape stops at `request.kind`
     // when it is not.
-    if let Some(parsed) = parse::read_shape(body, shape) {
+    if let Some(parsed) = parse::read_shape(body, stages) {
         return Ok(pods::review_pod(
             stages,
             policy,
@@ -306,7 +277,7 @@ pub fn review_stages(
 }
 
 /// An answer for a stage that had nothing to answer (never, in practice): allowed.
-fn empty(endpoint: Endpoint) -> Reviewed {
+fn empty(endpoint: Stage) -> Reviewed {
     Reviewed {
         endpoint,
         response: AdmissionResponse::invalid(""),
@@ -332,7 +303,7 @@ impl Reviewed {
     }
 
     /// The same answer from the other webhook: what both say of what neither judges.
-    fn as_endpoint(&self, endpoint: Endpoint) -> Reviewed {
+    fn as_endpoint(&self, endpoint: Stage) -> Reviewed {
         let mut r = self.clone();
         r.endpoint = endpoint;
         r
@@ -341,21 +312,18 @@ impl Reviewed {
 
 /// The answers of `stages` when each webhook says the same (nothing judged, or a body
 /// tollgate cannot read: then the validating webhook never runs).
-fn same(stages: Stages, r: Reviewed) -> Staged {
+fn same(stages: Stage, r: Reviewed) -> Staged {
     match stages {
-        Stages::Mutate => Staged {
+        Stage::Mutate => Staged {
             mutate: Some(r),
             validate: None,
         },
-        Stages::Validate => Staged {
+        Stage::Validate => Staged {
             mutate: None,
-            validate: Some(r.as_endpoint(Endpoint::Validate)),
+            validate: Some(r.as_endpoint(Stage::Validate)),
         },
-        Stages::Both => {
-            let validate = r
-                .response
-                .allowed
-                .then(|| r.as_endpoint(Endpoint::Validate));
+        Stage::All => {
+            let validate = r.response.allowed.then(|| r.as_endpoint(Stage::Validate));
             Staged {
                 mutate: Some(r),
                 validate,
@@ -364,36 +332,44 @@ fn same(stages: Stages, r: Reviewed) -> Staged {
     }
 }
 
-/// The webhook that answers first of those `stages` runs: the one whose answer a body
-/// judged by neither gets.
-fn first(stages: Stages) -> Endpoint {
-    match stages {
-        Stages::Validate => Endpoint::Validate,
-        Stages::Mutate | Stages::Both => Endpoint::Mutate,
-    }
-}
-
 /// Each webhook's answer where `stages` runs it, each from a copy of `reviewed` as its own:
 /// `mutate` writes the mutating webhook's and hands on what the validating webhook judges
 /// after it (a workload as patched); `validate` writes the validating webhook's from that
 /// (None: the mutating webhook did not run).
 fn per_stage<T>(
-    stages: Stages,
+    stages: Stage,
     reviewed: &Reviewed,
     mutate: impl FnOnce(Reviewed) -> (Reviewed, T),
     validate: impl FnOnce(Reviewed, Option<T>) -> Reviewed,
 ) -> Staged {
     let mut staged = Staged::default();
     let mut handed = None;
-    if stages != Stages::Validate {
-        let (answer, on) = mutate(reviewed.as_endpoint(Endpoint::Mutate));
+    if stages != Stage::Validate {
+        let (answer, on) = mutate(reviewed.as_endpoint(Stage::Mutate));
         staged.mutate = Some(answer);
         handed = Some(on);
     }
-    if stages != Stages::Mutate {
-        staged.validate = Some(validate(reviewed.as_endpoint(Endpoint::Validate), handed));
+    if stages != Stage::Mutate {
+        staged.validate = Some(validate(reviewed.as_endpoint(Stage::Validate), handed));
     }
     staged
+}
+
+/// The warnings kubectl prints of `out`: the profile's (one that was skipped) first, then
+/// the webhook's; none, none.
+fn warn(out: &mut Reviewed, profile: Option<String>, webhook: Vec<String>) {
+    let warnings = match profile {
+        None => webhook,
+        Some(p) => {
+            let mut all = Vec::with_capacity(webhook.len() + 1);
+            all.push(p);
+            all.extend(webhook);
+            all
+        }
+    };
+    if !warnings.is_empty() {
+        out.response.warnings = Some(warnings);
+    }
 }
 
 /// `out` made a refusal (`Denied`, or `Error` for a review tollgate could not judge):
@@ -414,7 +390,7 @@ fn requester<T: kube_core::Resource>(req: &AdmissionRequest<T>) -> Requester<'_>
 }
 
 fn skeleton<T: kube_core::Resource>(
-    endpoint: Endpoint,
+    endpoint: Stage,
     req: &AdmissionRequest<T>,
     pod: Option<&Pod>,
 ) -> Reviewed {
@@ -475,7 +451,7 @@ mod tests {
             if !crate::testdata::is_pod_review(&body) {
                 // A workload's patch only ever carries the opt-out approval, and these
                 // ask for none.
-                let reviewed = review_bytes(Endpoint::Mutate, &policy, &body).unwrap();
+                let reviewed = review_bytes(Stage::Mutate, &policy, &body).unwrap();
                 assert_eq!(reviewed.outcome, Outcome::Allowed);
                 assert!(reviewed.patch().is_none());
                 assert!(reviewed.kind().is_some());
@@ -491,7 +467,7 @@ mod tests {
                 &serde_json::to_value(&pod).unwrap(),
                 &serde_json::to_value(&mutated).unwrap(),
             );
-            let reviewed = review_bytes(Endpoint::Mutate, &policy, &body).unwrap();
+            let reviewed = review_bytes(Stage::Mutate, &policy, &body).unwrap();
             if reviewed.outcome == Outcome::Patched {
                 assert_eq!(reviewed.patch().unwrap(), expected);
                 patched += 1;

@@ -7,16 +7,17 @@ use kube_core::admission::AdmissionRequest;
 use serde_json::value::RawValue;
 
 use super::{
-    first, policy_operation, refuse, requester, same, skeleton, About, Endpoint, Outcome,
-    PodReview, Reviewed, Staged,
+    policy_operation, refuse, requester, same, skeleton, warn, About, Outcome, PodReview, Reviewed,
+    Staged,
 };
 use crate::cluster::Cluster;
 use crate::diff;
-use crate::judge::{self, Judgement, Stages, Subject};
+use crate::judge::{self, Judgement, Subject};
 use crate::optout::OptOut;
 use crate::parse;
 use crate::policy::Policy;
 use crate::profile::{self, PodLabels};
+use crate::stage::Stage;
 
 /// What the parse left of a pod as text.
 #[derive(Default)]
@@ -29,14 +30,14 @@ pub(super) struct Unread<'a> {
 
 /// A pod's review.
 pub(super) fn review_pod(
-    stages: Stages,
+    stages: Stage,
     policy: &Policy,
     cluster: &dyn Cluster,
     mut req: AdmissionRequest<Pod>,
     unread: Unread<'_>,
     body: &[u8],
 ) -> Staged {
-    let mut reviewed = skeleton(first(stages), &req, req.object.as_ref());
+    let mut reviewed = skeleton(stages.first(), &req, req.object.as_ref());
     let Some(mut pod) = req.object.take() else {
         return same(stages, reviewed);
     };
@@ -77,27 +78,27 @@ pub(super) fn review_pod(
         cluster,
         &mut pod,
         stages,
-        stages != Stages::Validate,
+        stages != Stage::Validate,
     );
     reviewed.unresolved.extend(j.unresolved.iter().cloned());
     let warning = selected.warning;
     match stages {
-        Stages::Mutate => {
+        Stage::Mutate => {
             mutation_answer(&mut reviewed, &j, warning, ambiguous, body);
             Staged {
                 mutate: Some(reviewed),
                 validate: None,
             }
         }
-        Stages::Validate => {
+        Stage::Validate => {
             validation_answer(&mut reviewed, &mut j, warning);
             Staged {
                 mutate: None,
                 validate: Some(reviewed),
             }
         }
-        Stages::Both => {
-            let mut validated = reviewed.as_endpoint(Endpoint::Validate);
+        Stage::All => {
+            let mut validated = reviewed.as_endpoint(Stage::Validate);
             mutation_answer(&mut reviewed, &j, warning.clone(), ambiguous, body);
             validation_answer(&mut validated, &mut j, warning);
             Staged {
@@ -127,7 +128,7 @@ fn mutation_answer(
                 warnings.push(format!("tollgate: {why}; the pod was handled as usual"));
             }
             warnings.extend(m.warnings.iter().cloned());
-            review.steps.clone_from(&m.outcome.applied);
+            review.steps.clone_from(&m.report.applied);
             if let Some(patch) = &m.patch {
                 out.outcome = Outcome::Patched;
                 out.response.patch = Some(patch.clone());
@@ -158,7 +159,7 @@ fn validation_answer(out: &mut Reviewed, j: &mut Judgement, profile_warning: Opt
         quota_refusal: j.feasibility.as_mut().and_then(|f| f.admission.take()),
         ..PodReview::default()
     };
-    let mut warnings: Vec<String> = profile_warning.into_iter().collect();
+    let mut warnings = vec![];
     if let Some(d) = j.validation.take() {
         review.verdict = Some(d.verdict);
         review.opt_out = d.opt_out;
@@ -167,15 +168,9 @@ fn validation_answer(out: &mut Reviewed, j: &mut Judgement, profile_warning: Opt
             let message = d.message.as_deref().unwrap_or("denied");
             refuse(out, Outcome::Denied, message, "Forbidden", 403);
         }
-        if warnings.is_empty() {
-            warnings = d.warnings;
-        } else {
-            warnings.extend(d.warnings);
-        }
+        warnings = d.warnings;
         out.response.audit_annotations = d.audit_annotations.into_iter().collect();
     }
-    if !warnings.is_empty() {
-        out.response.warnings = Some(warnings);
-    }
+    warn(out, profile_warning, warnings);
     out.about = About::Pod(review);
 }

@@ -6,9 +6,9 @@ use kube_core::admission::{AdmissionRequest, AdmissionReview};
 use kube_core::DynamicObject;
 use serde_json::Value;
 
-use super::{first, refuse, same, skeleton, Outcome, ReviewError, Staged};
-use crate::judge::Stages;
+use super::{refuse, same, skeleton, Outcome, ReviewError, Staged};
 use crate::parse;
+use crate::stage::Stage;
 
 pub(super) fn check_envelope(api_version: &str, kind: &str) -> Result<(), ReviewError> {
     if !parse::is_admission_review_v1(api_version, kind) {
@@ -22,7 +22,7 @@ pub(super) fn check_envelope(api_version: &str, kind: &str) -> Result<(), Review
 /// The body could not be read as the review its kind says it is: find out why, and
 /// answer accordingly. `typed_err`: the pod parse's error, when it was tried.
 pub(super) fn slow_path(
-    stages: Stages,
+    stages: Stage,
     body: &[u8],
     typed_err: Option<serde_json::Error>,
 ) -> Result<Staged, ReviewError> {
@@ -42,7 +42,7 @@ pub(super) fn slow_path(
         .map_err(|e| ReviewError::NotAdmissionReview(e.to_string()))?;
     let req: AdmissionRequest<DynamicObject> =
         review.try_into().map_err(|_| ReviewError::NoRequest)?;
-    let mut reviewed = skeleton(first(stages), &req, None);
+    let mut reviewed = skeleton(stages.first(), &req, None);
     if req.kind.kind != "Pod" || !req.kind.group.is_empty() {
         // Registered for more than pods by mistake: tollgate has no opinion, so it stays out
         // of the way rather than blocking unrelated objects.

@@ -6,16 +6,16 @@ use kube_core::DynamicObject;
 use serde_json::Value;
 
 use super::{
-    first, per_stage, policy_operation, refuse, requester, same, skeleton, About, Outcome,
-    Reviewed, Staged, WorkloadReview,
+    per_stage, policy_operation, refuse, requester, same, skeleton, warn, About, Outcome, Reviewed,
+    Staged, WorkloadReview,
 };
 use crate::cluster::Cluster;
-use crate::judge::Stages;
 use crate::objects;
 use crate::optout::OptOut;
 use crate::policy::Policy;
 use crate::profile::{self, PodLabels};
 use crate::requester::Requester;
+use crate::stage::Stage;
 use crate::trainjob;
 use crate::validate::Verdict;
 use crate::workload::{self, TemplateVerdict, Workload};
@@ -24,14 +24,14 @@ use crate::workload::{self, TemplateVerdict, Workload};
 /// kind; anything else is allowed unchanged, with a warning. With both stages, the
 /// validating webhook judges the workload as the mutating webhook's patch left it.
 pub(super) fn review_workload(
-    stages: Stages,
+    stages: Stage,
     policy: &Policy,
     cluster: &dyn Cluster,
     req: &AdmissionRequest<DynamicObject>,
     object: Value,
     old: Option<&Value>,
 ) -> Staged {
-    let mut reviewed = skeleton(first(stages), req, None);
+    let mut reviewed = skeleton(stages.first(), req, None);
     reviewed.about = About::Workload(WorkloadReview {
         kind: req.kind.kind.clone(),
         templates: vec![],
@@ -104,20 +104,18 @@ pub(super) fn review_workload(
         return same(stages, reviewed);
     }
     let warning = selected.warning;
+    let w = Workload {
+        kind,
+        object: &object,
+        old,
+        operation,
+        who,
+    };
     per_stage(
         stages,
         &reviewed,
         |mut out| {
-            let w = Workload {
-                kind,
-                object: &object,
-                old,
-                operation,
-                who,
-            };
             let m = workload::mutate(policy, cluster, &w);
-            let mut warnings: Vec<String> = warning.clone().into_iter().collect();
-            warnings.extend(m.warnings);
             out.response.audit_annotations = m.audit_annotations.into_iter().collect();
             out.unresolved.extend(m.unresolved);
             set_workload(&mut out, m.templates, None, m.opt_out);
@@ -125,7 +123,7 @@ pub(super) fn review_workload(
             let patched = m
                 .patch
                 .as_ref()
-                .filter(|_| stages == Stages::Both)
+                .filter(|_| stages == Stage::All)
                 .and_then(|p| {
                     let patch: json_patch::Patch = serde_json::from_slice(p).ok()?;
                     let mut doc = object.clone();
@@ -136,23 +134,16 @@ pub(super) fn review_workload(
                 out.outcome = Outcome::Patched;
                 out.response.patch = Some(patch);
             }
-            if !warnings.is_empty() {
-                out.response.warnings = Some(warnings);
-            }
+            warn(&mut out, warning.clone(), m.warnings);
             (out, patched)
         },
         |mut out, patched| {
             let patched = patched.flatten();
             let w = Workload {
-                kind,
                 object: patched.as_ref().unwrap_or(&object),
-                old,
-                operation,
-                who,
+                ..w
             };
             let v = workload::validate(policy, cluster, &w);
-            let mut warnings: Vec<String> = warning.clone().into_iter().collect();
-            warnings.extend(v.warnings);
             out.response.audit_annotations = v.audit_annotations.into_iter().collect();
             out.unresolved.extend(v.unresolved);
             set_workload(&mut out, v.templates, v.verdict, v.opt_out);
@@ -165,9 +156,7 @@ pub(super) fn review_workload(
                     403,
                 );
             }
-            if !warnings.is_empty() {
-                out.response.warnings = Some(warnings);
-            }
+            warn(&mut out, warning.clone(), v.warnings);
             out
         },
     )
@@ -177,7 +166,7 @@ pub(super) fn review_workload(
 /// would make (`workload::validate_runtime`), and always admitted, what no TrainJob can
 /// supply said in warnings.
 fn review_runtime(
-    stages: Stages,
+    stages: Stage,
     policy: &Policy,
     cluster: &dyn Cluster,
     reviewed: Reviewed,
@@ -185,52 +174,50 @@ fn review_runtime(
     who: Requester<'_>,
     profile_warning: Option<String>,
 ) -> Staged {
-    per_stage(
-        stages,
-        &reviewed,
-        |out| (out, ()),
-        |mut out, _| {
-            let mut warnings: Vec<String> = profile_warning.into_iter().collect();
-            if policy.workloads.enabled {
-                if let Some(v) = workload::validate_runtime(policy, cluster, object, who) {
-                    warnings.extend(v.warnings);
-                    out.unresolved.extend(v.unresolved);
-                    set_workload(&mut out, v.templates, v.verdict, None);
-                }
+    validated_only(stages, &reviewed, |mut out| {
+        let mut warnings = vec![];
+        if policy.workloads.enabled {
+            if let Some(v) = workload::validate_runtime(policy, cluster, object, who) {
+                warnings = v.warnings;
+                out.unresolved.extend(v.unresolved);
+                set_workload(&mut out, v.templates, v.verdict, None);
             }
-            if !warnings.is_empty() {
-                out.response.warnings = Some(warnings);
-            }
-            out
-        },
-    )
+        }
+        warn(&mut out, profile_warning, warnings);
+        out
+    })
 }
 
 /// A TollgatePolicy or TollgateProfile: nothing to mutate; refused by the validating
 /// webhook if it would not be applied (`objects::review`), which the CRD's schema cannot
 /// see: the bounds, quantities, the merged result, a validation refusing its own mutation.
 fn review_policy_object(
-    stages: Stages,
+    stages: Stage,
     policy: &Policy,
     reviewed: Reviewed,
     kind: &str,
     object: &Value,
 ) -> Staged {
-    per_stage(
-        stages,
-        &reviewed,
-        |out| (out, ()),
-        |mut out, _| {
-            let v = objects::review(policy, kind, object);
-            if let Some(why) = v.refusal {
-                refuse(&mut out, Outcome::Denied, &why, "Invalid", 422);
-            }
-            if !v.warnings.is_empty() {
-                out.response.warnings = Some(v.warnings);
-            }
-            out
-        },
-    )
+    validated_only(stages, &reviewed, |mut out| {
+        let v = objects::review(policy, kind, object);
+        if let Some(why) = v.refusal {
+            refuse(&mut out, Outcome::Denied, &why, "Invalid", 422);
+        }
+        if !v.warnings.is_empty() {
+            out.response.warnings = Some(v.warnings);
+        }
+        out
+    })
+}
+
+/// What the mutating webhook leaves unchanged: its answer the skeleton's, the validating
+/// webhook's written by `validate`.
+fn validated_only(
+    stages: Stage,
+    reviewed: &Reviewed,
+    validate: impl FnOnce(Reviewed) -> Reviewed,
+) -> Staged {
+    per_stage(stages, reviewed, |out| (out, ()), |out, _| validate(out))
 }
 
 fn set_workload(

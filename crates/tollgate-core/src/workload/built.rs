@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
-use super::template::{at, workload_name, Template};
+use super::template::{at, workload_name, PodTemplate};
 use super::Workload;
 use crate::cluster::Cluster;
 use crate::trainjob;
@@ -27,26 +27,28 @@ pub(super) struct Built {
 }
 
 /// What a kind with `from` reads its templates in, built from the workload; None for a
-/// kind whose templates are in the workload itself.
+/// kind whose templates are in the workload itself; Err when they cannot be built (the
+/// runtime not known).
 pub(super) fn build(
     cluster: &dyn Cluster,
     w: &Workload<'_>,
     name: &str,
-) -> Option<Result<Built, trainjob::Missing>> {
-    let from = w.kind.from.as_ref()?;
+) -> Result<Option<Built>, trainjob::Unbuilt> {
+    let Some(from) = w.kind.from.as_ref() else {
+        return Ok(None);
+    };
     let src = &from.training_runtime;
     let ns = w.who.namespace;
     let path = src.train_job_template.as_str();
     let trainjob = held_trainjob(path, w.object);
-    Some(
-        trainjob::build(src, trainjob.as_ref(), name, ns, cluster).map(|object| Built {
-            object,
-            // The old object's, where its runtime is known: else every template is new.
-            old: w.old.and_then(|o| {
-                trainjob::build(src, &held_trainjob(path, o), workload_name(o), ns, cluster).ok()
-            }),
+    let object = trainjob::build(src, trainjob.as_ref(), name, ns, cluster)?;
+    Ok(Some(Built {
+        object,
+        // The old object's, where its runtime is known: else every template is new.
+        old: w.old.and_then(|o| {
+            trainjob::build(src, &held_trainjob(path, o), workload_name(o), ns, cluster).ok()
         }),
-    )
+    }))
 }
 
 /// The TrainJob a workload makes: itself, or the one it holds at `path` (its `metadata` and
@@ -87,6 +89,6 @@ impl<'v> Source<'v> {
 }
 
 /// The template at the same place in the old object, on UPDATE.
-pub(super) fn old_template<'v>(src: Source<'v>, t: &Template<'_>) -> Option<&'v Value> {
+pub(super) fn old_template<'v>(src: Source<'v>, t: &PodTemplate<'_>) -> Option<&'v Value> {
     src.old?.pointer(&t.pointer).filter(|v| !v.is_null())
 }

@@ -12,21 +12,21 @@ use serde_json::Value;
 use super::template::{at, labels_of};
 use super::{TemplateJudged, Validated, Workload};
 use crate::cluster::Cluster;
-use crate::feasible::{self, Finding, Over, Usage};
+use crate::feasible::{self, Obstacle, Over, Usage};
 use crate::validate;
 use crate::words::{join_words, quote};
 
 /// Kueue's partial admission of a batch/v1 Job: with this annotation Kueue may admit it
 /// with its parallelism lowered down to the annotation's value (which Kueue's webhook holds
 /// between 1 and the parallelism less one).
-pub const PARTIAL_ADMISSION: &str = "kueue.x-k8s.io/job-min-parallelism";
+pub(super) const PARTIAL_ADMISSION: &str = "kueue.x-k8s.io/job-min-parallelism";
 
 /// What stands between a workload's pods and running, in template order, before it is
 /// worded.
 enum Stands<'a> {
     /// What rules out one pod of a template (its finding, led by the template's name), and
     /// whether the template's policy enforces.
-    Pod(Finding, bool),
+    Pod(Obstacle, bool),
     /// Pods of a template that need not run together, over quota `q` in all.
     InTurns {
         label: Option<&'a str>,
@@ -99,7 +99,7 @@ pub(super) fn feasibility(
         return vec![];
     }
     let tally = tally(w, queue.is_some(), &out.judged);
-    let mut found: Vec<(Finding, bool)> = tally
+    let mut found: Vec<(Obstacle, bool)> = tally
         .stands
         .into_iter()
         .map(|s| match s {
@@ -170,7 +170,7 @@ fn tally<'a>(w: &Workload<'_>, queued: bool, judged: &'a [TemplateJudged]) -> Ta
         };
         for finding in &f.findings {
             out.stands.push(Stands::Pod(
-                Finding {
+                Obstacle {
                     never: finding.never,
                     in_turns: finding.in_turns,
                     message: lead(t.label.as_deref(), &finding.message),
@@ -239,7 +239,7 @@ fn kueue(
     namespace: &str,
     cluster: &dyn Cluster,
     q: &Queued,
-) -> Result<Vec<(Finding, bool)>, String> {
+) -> Result<Vec<(Obstacle, bool)>, String> {
     let findings = feasible::kueue(queue, namespace, cluster, &q.usage, q.pods)?;
     if q.least_pods >= q.pods || !findings.iter().any(|f| f.never) {
         return Ok(findings.into_iter().map(|f| (f, q.enforce)).collect());
@@ -257,9 +257,9 @@ fn kueue(
             })
             .collect());
     }
-    let mut out: Vec<(Finding, bool)> = least.into_iter().map(|f| (f, q.enforce)).collect();
+    let mut out: Vec<(Obstacle, bool)> = least.into_iter().map(|f| (f, q.enforce)).collect();
     out.push((
-        Finding {
+        Obstacle {
             never: false,
             in_turns: true,
             message: format!(
@@ -280,12 +280,19 @@ fn lead(label: Option<&str>, message: &str) -> String {
     }
 }
 
-/// Pods of a template that need not run together, over a quota in all: they run in turns
-/// (over what it allows at all), or some wait (over what is left of it now).
-fn in_turns(label: Option<&str>, q: &ResourceQuota, o: &Over, pods: i128) -> Finding {
-    let message = if o.never {
+/// What `pods` pods (`whose`: how they run) ask of quota `q` beyond `o`: over what it
+/// allows at all (`then_never` follows), or over what is left of it now (`then_now`).
+fn over_quota(
+    q: &ResourceQuota,
+    o: &Over,
+    pods: i128,
+    whose: &str,
+    then_never: &str,
+    then_now: &str,
+) -> String {
+    if o.never {
         format!(
-            "{} allows {}: {}, and its {pods} pods ask for {} in all: they will run in turns, not all at once",
+            "{} allows {}: {}, and its {pods} pods{whose} ask for {} in all: {then_never}",
             feasible::quota_subject(q),
             o.key,
             o.limit,
@@ -293,15 +300,28 @@ fn in_turns(label: Option<&str>, q: &ResourceQuota, o: &Over, pods: i128) -> Fin
         )
     } else {
         format!(
-            "{}: {} of {} {} are in use now, and its {pods} pods ask for {}: some wait until enough is freed",
+            "{}: {} of {} {} are in use now, and its {pods} pods{whose} ask for {}: {then_now}",
             feasible::quota_subject(q),
             o.in_use.as_deref().unwrap_or("?"),
             o.limit,
             o.key,
             o.asked
         )
-    };
-    Finding {
+    }
+}
+
+/// Pods of a template that need not run together, over a quota in all: they run in turns
+/// (over what it allows at all), or some wait (over what is left of it now).
+fn in_turns(label: Option<&str>, q: &ResourceQuota, o: &Over, pods: i128) -> Obstacle {
+    let message = over_quota(
+        q,
+        o,
+        pods,
+        "",
+        "they will run in turns, not all at once",
+        "some wait until enough is freed",
+    );
+    Obstacle {
         never: false,
         in_turns: o.never,
         message: lead(label, &message),
@@ -310,37 +330,25 @@ fn in_turns(label: Option<&str>, q: &ResourceQuota, o: &Over, pods: i128) -> Fin
 
 /// Pods that must run together, over a quota in all: never (over what it allows), or it
 /// waits (over what is left of it now).
-fn together(t: &Together, o: &Over) -> Finding {
-    let (q, pods) = (&t.quota, t.pods);
-    let message = if o.never {
-        format!(
-            "{} allows {}: {}, and its {pods} pods, which must run together, ask for {} in all: it can never run. Lower the replicas or what each pod asks for, or ask your platform team to raise the quota",
-            feasible::quota_subject(q),
-            o.key,
-            o.limit,
-            o.asked
-        )
-    } else {
-        format!(
-            "{}: {} of {} {} are in use now, and its {pods} pods, which must run together, ask for {}: it waits until enough is freed",
-            feasible::quota_subject(q),
-            o.in_use.as_deref().unwrap_or("?"),
-            o.limit,
-            o.key,
-            o.asked
-        )
-    };
-    Finding {
+fn together(t: &Together, o: &Over) -> Obstacle {
+    Obstacle {
         never: o.never,
         in_turns: false,
-        message,
+        message: over_quota(
+            &t.quota,
+            o,
+            t.pods,
+            ", which must run together,",
+            "it can never run. Lower the replicas or what each pod asks for, or ask your platform team to raise the quota",
+            "it waits until enough is freed",
+        ),
     }
 }
 
 /// Copies of pods that must run together, each within a quota but not all at once: fewer
 /// run at a time.
-fn copies_in_turns(w: &Workload<'_>, t: &Together, o: &Over, copies: i128) -> Finding {
-    Finding {
+fn copies_in_turns(w: &Workload<'_>, t: &Together, o: &Over, copies: i128) -> Obstacle {
+    Obstacle {
         never: false,
         in_turns: o.never,
         message: format!(

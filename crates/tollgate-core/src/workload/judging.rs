@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::approval::same_template;
 use super::built::{old_template, Source};
-use super::template::{pod_labels, templates, Template};
+use super::template::{pod_labels, templates, PodTemplate};
 use super::Workload;
 use crate::cluster::{Cluster, ObjectKey};
 use crate::policy::{Operation, Policy};
@@ -14,7 +14,7 @@ use crate::profile;
 
 /// A template, and the policy its pods get (their profile).
 pub(super) struct Judging<'v, 'p> {
-    pub(super) t: Template<'v>,
+    pub(super) t: PodTemplate<'v>,
     pub(super) policy: &'p Policy,
     pub(super) profile: Option<&'p str>,
     /// On CREATE, or an UPDATE that changed it.

@@ -1,7 +1,7 @@
 //! The words both webhooks share for a workload: its subject before a message, a
 //! template's name after it, and what is said when its templates cannot be judged.
 
-use super::template::Template;
+use super::template::PodTemplate;
 use super::Workload;
 use crate::trainjob;
 
@@ -11,7 +11,7 @@ pub(super) fn prefixed(subject: &str, message: &str) -> String {
     format!("tollgate: {subject}: {rest}")
 }
 
-pub(super) fn with_template(subject: &str, t: &Template<'_>) -> String {
+pub(super) fn with_template(subject: &str, t: &PodTemplate<'_>) -> String {
     match &t.label {
         Some(l) => format!("{subject}, {l}"),
         None => subject.to_owned(),
@@ -32,7 +32,7 @@ pub(super) fn no_template_warning(w: &Workload<'_>, subject: &str) -> String {
 }
 
 /// The warning for a workload whose templates could not be built.
-pub(super) fn missing_warning(subject: &str, m: &trainjob::Missing) -> String {
+pub(super) fn missing_warning(subject: &str, m: &trainjob::Unbuilt) -> String {
     format!(
         "tollgate: {subject}: {}; it was allowed, and its pods will be judged when they are created",
         m.why

@@ -59,18 +59,14 @@ use crate::policy::{Operation, WorkloadKind};
 use crate::requester::Requester;
 use crate::validate::Verdict;
 
-pub use feasibility::PARTIAL_ADMISSION;
-pub use mutating::mutate;
-pub use runtime::validate_runtime;
-pub use template::{
-    labels_of, pod_count, pod_labels, pod_of, string_map, subject, templates, workload_name,
-    Template,
-};
-pub use validating::validate;
+pub(crate) use mutating::mutate;
+pub(crate) use runtime::validate_runtime;
+pub(crate) use template::labels_of;
+pub(crate) use validating::validate;
 
 /// A workload as a review sees it.
 #[derive(Debug, Clone, Copy)]
-pub struct Workload<'a> {
+pub(crate) struct Workload<'a> {
     pub kind: &'a WorkloadKind,
     pub object: &'a Value,
     /// On UPDATE, the object as it was.
@@ -95,7 +91,7 @@ pub struct TemplateVerdict {
 /// One template as the validating webhook judged it: what the audit draws its findings
 /// from.
 #[derive(Debug, Clone)]
-pub struct TemplateJudged {
+pub(crate) struct TemplateJudged {
     pub verdict: TemplateVerdict,
     /// How findings are led (`replica Worker`); None for a kind's only, unnamed template.
     pub label: Option<String>,
@@ -119,7 +115,7 @@ pub struct TemplateJudged {
 
 /// What the validating webhook answers for a workload.
 #[derive(Debug, Clone, Default)]
-pub struct Validated {
+pub(crate) struct Validated {
     pub allowed: bool,
     pub message: Option<String>,
     pub warnings: Vec<String>,
@@ -133,12 +129,12 @@ pub struct Validated {
     pub judged: Vec<TemplateJudged>,
     /// Whether its pods can run: each template's findings (led by its name) and the
     /// quotas held to its pods in all.
-    pub feasibility: Vec<feasible::Finding>,
+    pub feasibility: Vec<feasible::Obstacle>,
 }
 
 /// What the mutating webhook answers for a workload: at most the approval's changes.
 #[derive(Debug, Clone, Default)]
-pub struct Mutated {
+pub(crate) struct Mutated {
     /// The JSON patch, as text.
     pub patch: Option<Vec<u8>>,
     pub warnings: Vec<String>,

@@ -16,7 +16,7 @@ use crate::{diff, pod};
 
 /// The mutating webhook for a workload: tollgate's approval of the opt-out in each new or
 /// changed template, and nothing else.
-pub fn mutate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Mutated {
+pub(crate) fn mutate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Mutated {
     let mut out = Mutated::default();
     // What a controller made came from a template judged at its parent: it keeps what it
     // arrived with.
@@ -26,10 +26,9 @@ pub fn mutate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Mutat
     let subject = subject(w.kind, w.object);
     let name = workload_name(w.object);
     let built = match build(cluster, w, name) {
-        None => None,
-        Some(Ok(b)) => Some(b),
+        Ok(b) => b,
         // The validating webhook warns; the shell fetches the runtime and reviews again.
-        Some(Err(m)) => {
+        Err(m) => {
             out.unresolved.extend(m.unresolved);
             return out;
         }

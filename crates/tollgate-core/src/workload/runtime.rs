@@ -20,7 +20,7 @@ use crate::trainjob;
 /// `node` container) is never blamed on the runtime, and every container still lacking a
 /// request is one each TrainJob on the runtime will be refused for. Never refused: runtimes
 /// are installed cluster-wide, often by the Trainer's own manifests; a warning says it.
-pub fn validate_runtime(
+pub(crate) fn validate_runtime(
     policy: &Policy,
     cluster: &dyn Cluster,
     runtime: &Value,

@@ -13,7 +13,7 @@ use crate::template_path::Path;
 
 /// One pod template of a workload.
 #[derive(Debug, Clone)]
-pub struct Template<'v> {
+pub(super) struct PodTemplate<'v> {
     /// Where it is in the workload, as a JSON pointer.
     pub pointer: String,
     /// How messages name it (`replica Worker`); None for a kind's only, unnamed template.
@@ -26,7 +26,7 @@ pub struct Template<'v> {
 
 /// The workload's name as messages show it: `job "train"` (or `job "train-*"` for a
 /// generateName).
-pub fn subject(kind: &WorkloadKind, object: &Value) -> String {
+pub(super) fn subject(kind: &WorkloadKind, object: &Value) -> String {
     let meta = object.get("metadata");
     let field = |k: &str| {
         meta.and_then(|m| m.get(k))
@@ -42,7 +42,7 @@ pub fn subject(kind: &WorkloadKind, object: &Value) -> String {
 }
 
 /// The pod templates of `object`, in the order of the kind's paths.
-pub fn templates<'v>(kind: &'v WorkloadKind, object: &'v Value) -> Vec<Template<'v>> {
+pub(super) fn templates<'v>(kind: &'v WorkloadKind, object: &'v Value) -> Vec<PodTemplate<'v>> {
     let mut out = vec![];
     for spec in &kind.templates {
         // The policy checked every path when it loaded.
@@ -63,7 +63,7 @@ pub fn templates<'v>(kind: &'v WorkloadKind, object: &'v Value) -> Vec<Template<
                 (noun, "") => Some(format!("{noun} {}", spec.name).trim_end().to_owned()),
                 (noun, f) => Some(format!("{noun} {f}")),
             };
-            out.push(Template {
+            out.push(PodTemplate {
                 pointer: found.pointer,
                 label,
                 name,
@@ -75,7 +75,7 @@ pub fn templates<'v>(kind: &'v WorkloadKind, object: &'v Value) -> Vec<Template<
     out
 }
 
-impl Template<'_> {
+impl PodTemplate<'_> {
     pub(super) fn annotations(&self) -> Option<BTreeMap<String, String>> {
         let a = self.value.pointer("/metadata/annotations")?;
         a.is_object().then(|| string_map(Some(a)))
@@ -86,7 +86,7 @@ impl Template<'_> {
     }
 
     /// `text`, led by the template's name when it has one (`replica Worker: ...`).
-    pub fn lead(&self, text: &str) -> String {
+    pub(super) fn lead(&self, text: &str) -> String {
         match &self.label {
             Some(l) => format!("{l}: {text}"),
             None => text.to_owned(),
@@ -96,9 +96,9 @@ impl Template<'_> {
 
 /// The labels the pods of `t` get: the template's, then the controller's (which win, as
 /// the controllers set them).
-pub fn pod_labels(
+pub(super) fn pod_labels(
     kind: &WorkloadKind,
-    t: &Template<'_>,
+    t: &PodTemplate<'_>,
     workload: &str,
 ) -> BTreeMap<String, String> {
     let mut labels = labels_of(t.value);
@@ -115,9 +115,9 @@ pub fn pod_labels(
 
 /// The pod the controller would create from `t`: the template's metadata and spec, the
 /// controller's labels, the workload's namespace, and a generateName after the workload.
-pub fn pod_of(
+pub(super) fn pod_of(
     kind: &WorkloadKind,
-    t: &Template<'_>,
+    t: &PodTemplate<'_>,
     workload: &str,
     namespace: &str,
 ) -> Result<Pod, String> {
@@ -159,7 +159,7 @@ pub fn pod_of(
 /// How many pods template `t` of `object` makes: the product of the numbers its spec's
 /// `count` paths find (each 1 where absent or not a number), less `countMinus`, never
 /// below zero.
-pub fn pod_count(t: &Template<'_>, object: &Value) -> i128 {
+pub(super) fn pod_count(t: &PodTemplate<'_>, object: &Value) -> i128 {
     let mut n: i128 = 1;
     for count in &t.spec.count {
         let mut at: Vec<&str> = t.pointer.split('/').skip(1).collect();
@@ -182,7 +182,7 @@ pub fn pod_count(t: &Template<'_>, object: &Value) -> i128 {
 }
 
 /// The workload's name for the controller's labels and the pods' generateName.
-pub fn workload_name(object: &Value) -> &str {
+pub(super) fn workload_name(object: &Value) -> &str {
     let meta = object.get("metadata");
     ["name", "generateName"]
         .iter()
@@ -200,12 +200,12 @@ pub(super) fn at<'v>(object: &'v Value, dotted: &str) -> Option<&'v Value> {
 }
 
 /// An object's labels (`metadata.labels`, string values only, as the apiserver allows).
-pub fn labels_of(object: &Value) -> BTreeMap<String, String> {
+pub(crate) fn labels_of(object: &Value) -> BTreeMap<String, String> {
     string_map(object.pointer("/metadata/labels"))
 }
 
 /// A JSON object of strings (labels, annotations) as a map; other values are left out.
-pub fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {
+pub(super) fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {
     v.and_then(Value::as_object)
         .into_iter()
         .flatten()

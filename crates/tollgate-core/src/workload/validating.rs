@@ -10,14 +10,15 @@ use super::built::{build, Source};
 use super::feasibility::{feasibility, kueue_queue};
 use super::judging::{judging, Judging};
 use super::messages::{missing_warning, no_template_warning, prefixed, with_template};
-use super::template::{pod_count, pod_of, subject, workload_name, Template};
+use super::template::{pod_count, pod_of, subject, workload_name, PodTemplate};
 use super::{TemplateJudged, TemplateVerdict, Validated, Workload};
 use crate::cluster::Cluster;
-use crate::judge::{self, Judgement, Stages};
+use crate::judge::{self, Judgement};
 use crate::optout::{self, OptOut};
 use crate::pod;
 use crate::policy::{FeasibilityMode, Operation, Policy};
 use crate::requester::Requester;
+use crate::stage::Stage;
 use crate::validate::{self, Decision, Missing, Part, Verdict};
 
 /// What the validating webhook concluded of one template.
@@ -56,7 +57,7 @@ struct Judge<'a, 'v> {
 
 /// A template whose pods lack required requests: what the refusal says of it.
 struct Lacking<'v> {
-    t: Template<'v>,
+    t: PodTemplate<'v>,
     missing: Vec<Missing>,
     opt_out: OptOut,
     /// Claims of its pods that could not be read.
@@ -84,7 +85,7 @@ struct Refusal<'v, 'p> {
 
 /// The validating webhook for a workload: each new or changed template judged as the
 /// pods it will make, and approvals the mutating webhook would not have left refused.
-pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Validated {
+pub(crate) fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Validated {
     let mut out = Validated {
         allowed: true,
         ..Default::default()
@@ -92,10 +93,9 @@ pub fn validate(policy: &Policy, cluster: &dyn Cluster, w: &Workload<'_>) -> Val
     let subject = subject(w.kind, w.object);
     let name = workload_name(w.object);
     let built = match build(cluster, w, name) {
-        None => None,
-        Some(Ok(b)) => Some(b),
+        Ok(b) => b,
         // What tollgate does not know never refuses: allowed, and said so.
-        Some(Err(m)) => {
+        Err(m) => {
             out.warnings.push(missing_warning(&subject, &m));
             out.unresolved.extend(m.unresolved);
             return out;
@@ -204,7 +204,7 @@ impl Judge<'_, '_> {
             },
             self.cluster,
             &mut pod,
-            Stages::Both,
+            Stage::All,
             false,
         );
         Judged::Pods(opt_out, Box::new(judgement))
