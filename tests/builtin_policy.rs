@@ -3,8 +3,6 @@
 
 use crate::common;
 
-use std::process::Command;
-
 use common::net::Client;
 use common::process;
 use sha2::{Digest, Sha256};
@@ -15,7 +13,7 @@ use common::NOTEBOOK;
 fn review_elsewhere(args: &[&str], pod: &str) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("pod.yaml"), pod).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    let out = common::bin::command()
         .arg("review")
         .args(args)
         .arg("pod.yaml")

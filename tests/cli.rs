@@ -2,25 +2,9 @@
 
 use crate::common;
 
-use std::io::Write as _;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
-fn tollgate(args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(args)
-        .current_dir(common::root())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    if let Some(bytes) = stdin {
-        input.write_all(bytes).unwrap();
-    }
-    drop(input);
-    child.wait_with_output().unwrap()
-}
+use common::bin::run as tollgate;
 
 const TRAINING_POD: &str = "apiVersion: v1
 kind: Pod

@@ -1361,7 +1361,7 @@ async fn the_audit_runs_as_the_shipped_service_account_which_may_do_no_more() {
     let forbidden = common::identity::refusals(&text);
     assert!(forbidden.is_empty(), "{forbidden:#?}");
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    let out = common::bin::command()
         .args(["audit", "--kubeconfig", &kc, "-n", &ml, "--output", "json"])
         .output()
         .unwrap();
@@ -1394,7 +1394,7 @@ const VAP_FILE: &str = "deploy/overlays/native-validation/validating-admission-p
 fn native_validation_policy_file_is_the_current_export() {
     // No kubectl needed: the committed file is what `tollgate export` prints for the
     // shipped policy, so a change to the policy or the export cannot leave it behind.
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    let out = common::bin::command()
         .args(["export", "validating-admission-policy"])
         .output()
         .unwrap();

@@ -42,7 +42,6 @@ use crate::common::admission::{self, Answer};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use futures::StreamExt as _;
@@ -54,19 +53,9 @@ use tollgate_core::{
     FALLBACK_MESSAGE,
 };
 
+/// The export, as text.
 fn export(policy: Option<&Path>) -> String {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
-    cmd.args(["export", "validating-admission-policy"]);
-    if let Some(p) = policy {
-        cmd.arg("--policy").arg(p);
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "export of {policy:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    String::from_utf8(common::bin::export(policy)).unwrap()
 }
 
 /// Every policy file in the repository, by what it says it is: YAML with a top-level

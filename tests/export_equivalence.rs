@@ -25,6 +25,7 @@
 //! disagreement is printed with its seed, policy, requester and pod.
 
 use crate::common;
+use crate::common::rng::Rng;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -498,41 +499,24 @@ fn golden_cases() -> Vec<(String, Policy, Value, Value)> {
 
 /// [`golden_cases`], each with the path of its policy file.
 fn golden_cases_with_paths() -> Vec<(String, Policy, Value, Value, std::path::PathBuf)> {
-    let dirs = common::golden_dirs();
     let mut out = vec![];
-    for dir in dirs {
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let policy_path = if dir.join("policy.yaml").exists() {
-            dir.join("policy.yaml")
-        } else {
-            common::default_policy_path()
-        };
+    for case in common::golden::cases() {
+        let name = case.name.clone();
+        let policy_path = case.policy_path();
         // The exported policy judges pods; workloads (their templates judged as the pods
         // they will make) are the webhook's alone.
-        if dir.join("workload.yaml").exists() {
+        if case.dir.join("workload.yaml").exists() {
             continue;
         }
         let policy = common::load_policy(&policy_path);
-        let case: Value =
-            serde_saphyr::from_str(&std::fs::read_to_string(dir.join("case.yaml")).unwrap())
-                .unwrap();
-        let review = if dir.join("review.json").exists() {
-            serde_json::from_slice(&std::fs::read(dir.join("review.json")).unwrap()).unwrap()
-        } else {
-            let pod: Value =
-                serde_saphyr::from_str(&std::fs::read_to_string(dir.join("pod.yaml")).unwrap())
-                    .unwrap();
-            synthetic(&pod, &case)
-        };
+        let review = case.review();
         if review["request"]["kind"]["kind"] != "Pod" {
             continue;
         }
         let ns = review["request"]["namespace"].clone();
-        let labels = std::fs::read_to_string(dir.join("context.yaml"))
-            .ok()
-            .and_then(|t| tollgate::cli::documents(&t).ok())
+        let labels = case
+            .context()
             .into_iter()
-            .flatten()
             .find(|d| d["kind"] == "Namespace" && d["metadata"]["name"] == ns)
             .map_or(json!({}), |d| d["metadata"]["labels"].clone());
         out.push((
@@ -544,10 +528,7 @@ fn golden_cases_with_paths() -> Vec<(String, Policy, Value, Value, std::path::Pa
         ));
         // What the validating webhook (or the policy) sees of a mutated pod: the golden
         // result of the mutation, after the apiserver's defaulting.
-        if dir.join("mutated.yaml").exists() {
-            let mut mutated: Value =
-                serde_saphyr::from_str(&std::fs::read_to_string(dir.join("mutated.yaml")).unwrap())
-                    .unwrap();
+        if let Some(mut mutated) = case.mutated() {
             tollgate_core::default_requests_from_limits(&mut mutated);
             let mut after = review.clone();
             after["request"]["object"] = mutated;
@@ -561,21 +542,6 @@ fn golden_cases_with_paths() -> Vec<(String, Policy, Value, Value, std::path::Pa
         }
     }
     out
-}
-
-fn synthetic(pod: &Value, case: &Value) -> Value {
-    let groups: Vec<String> = case["groups"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|g| g.as_str().unwrap().to_owned())
-        .collect();
-    tollgate::cli::synthetic_review(
-        pod,
-        case["namespace"].as_str(),
-        case["user"].as_str().unwrap_or("tollgate-review"),
-        &groups,
-    )
 }
 
 #[test]
@@ -702,43 +668,6 @@ async fn every_golden_case_is_decided_alike_by_the_apiserver() {
 
 // ---------------------------------------------------------------------------------------
 // Generated policies, requesters and pods.
-
-/// xorshift64*, as in tests/mutation_props.rs: reproducible from a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-
-    /// Some of `items`, in their order.
-    fn some<T: Clone>(&mut self, items: &[T], percent: u64) -> Vec<T> {
-        items
-            .iter()
-            .filter(|_| self.chance(percent))
-            .cloned()
-            .collect()
-    }
-}
 
 const RESOURCES: &[&str] = &[
     "cpu",

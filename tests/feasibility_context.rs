@@ -12,10 +12,15 @@
 //! (deploy/base/rbac.yaml; the audit's: deploy/components/policy-reports/rbac.yaml), so the
 //! tests also prove that RBAC suffices.
 //!
-//! Against the in-process stand-in, what the real one cannot be made to show: nodes whose
-//! list fails (503) until told otherwise, a cluster without DRA or without Kueue (the real
-//! one serves DRA as configured and the CRDs other tests installed), and one serving DRA
-//! as `v1beta1` only, its claims read as v1.
+//! Clusters of other shapes are real apiservers too, started with another
+//! `--runtime-config`: one serving DRA only as `v1beta1` (`envtest::dra_v1beta1_plane`:
+//! its claims read as v1), and one serving no DRA and no CRDs (`envtest::bare_plane`: no
+//! Kueue, what it does not serve holds nothing up). Their tests keep to pools of nodes of
+//! their own there too.
+//!
+//! Against the in-process stand-in, only what a real apiserver cannot be made to show on
+//! cue: nodes whose list fails (503) until told otherwise, and a claim template whose watch
+//! is held back, fetched in the one DRA version served.
 //!
 //! `memory_of_5000_nodes` (ignored) measures what the caches cost a real `tollgate serve`
 //! watching 5,000 nodes of the real apiserver.
@@ -76,23 +81,14 @@ async fn client(server: &TestServer) -> Client {
     Client::connect(server.addr(), &server.ca_pem, false).await
 }
 
-/// A node of `gpus` GPUs (stand-in), tainted for GPU pods, with `labels` besides its
-/// hostname.
-fn node(name: &str, gpus: &str, labels: Value) -> Value {
-    let mut l = json!({"kubernetes.io/hostname": name, "nvidia.com/gpu.product": "A100-SXM4-80GB"});
-    l.as_object_mut()
-        .unwrap()
-        .extend(labels.as_object().unwrap().clone());
-    json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": l},
-        "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
-        "status": {
-            "allocatable": {"cpu": "94", "memory": "1000Gi", "nvidia.com/gpu": gpus, "pods": "110"},
-            "conditions": [{"type": "Ready", "status": "True",
-                "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]
-        }
-    })
+/// A node of `gpus` A100s (for the stand-in), tainted for GPU pods.
+fn node(name: &str, gpus: &str) -> Value {
+    common::scheduling::node(
+        name,
+        json!({"nvidia.com/gpu.product": "A100-SXM4-80GB"}),
+        json!([{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
+        json!({"cpu": "94", "memory": "1000Gi", "nvidia.com/gpu": gpus}),
+    )
 }
 
 /// A GPU pod asking for `gpus` GPUs (and tolerating the GPU taint), with `spec` merged in.
@@ -141,7 +137,12 @@ struct Isolated {
 
 /// None (the test skipped, said so) where there is no apiserver.
 async fn isolated(prefix: &str) -> Option<Isolated> {
-    let cp = common::envtest::isolated_plane()?;
+    isolated_on(common::envtest::isolated_plane(), prefix).await
+}
+
+/// One test on the plane `cp` (another shape of cluster), as on the isolated one.
+async fn isolated_on(cp: Option<&'static ControlPlane>, prefix: &str) -> Option<Isolated> {
+    let cp = cp?;
     Some(Isolated {
         cp,
         admin: cp.client("admin").await,
@@ -279,7 +280,7 @@ async fn nodes_not_listed_yet_leave_the_pod_unchecked() {
     let api = ApiServer::start().await;
     api.inject(Fault::status(503).on("nodes", Verb::List));
     for i in 0..3 {
-        api.insert("nodes", node(&format!("gpu-{i}"), "8", json!({})));
+        api.insert("nodes", node(&format!("gpu-{i}"), "8"));
     }
     let server = server_against(&api, ENFORCE, |_| {}).await;
     let mut c = client(&server).await;
@@ -670,22 +671,29 @@ async fn the_audits_see_the_kueue_queues_the_webhook_sees() {
     assert_eq!(audited, webhook, "tollgate audit: {lines:#?}");
 }
 
-/// A cluster without Kueue (stand-in: the real apiserver serves the CRDs the binary's
-/// tests install) holds nothing up and says nothing of it: the namespace's quota decides,
-/// and no series is kept of the queues.
+/// A cluster without Kueue (`envtest::bare_plane`: no test installs a CRD there) holds
+/// nothing up and says nothing of it: the namespace's quota decides, and no series is kept
+/// of the queues.
 #[tokio::test]
 async fn without_kueue_the_quota_decides() {
-    let api = ApiServer::start().await;
-    api.insert(
-        "resourcequotas",
-        json!({"apiVersion": "v1", "kind": "ResourceQuota",
-            "metadata": {"name": "roomy", "namespace": NS},
+    let Some(t) = isolated_on(common::envtest::bare_plane(), "fz-no-kueue").await else {
+        return;
+    };
+    context::create(
+        &t.admin,
+        &json!({"apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "roomy", "namespace": t.ns},
             "spec": {"hard": {"requests.nvidia.com/gpu": "64"}}}),
-    );
-    let server = server_against(&api, ENFORCE, |_| {}).await;
+    )
+    .await;
+    t.node("gpu-0", "8", json!({})).await;
+    let server = t.serve(ENFORCE).await;
     let mut c = client(&server).await;
     until("ready without Kueue", async || ready(&mut c).await.0 == 200).await;
-    let r = validate(&mut c, &queued_job(NS, json!({}))).await;
+    let mut spec = json!({"tolerations": [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]});
+    t.pool.confine(&mut spec);
+    let r = validate(&mut c, &queued_job(&t.ns, spec)).await;
     assert_eq!(r["allowed"], true, "{r}");
     assert!(!warnings(&r).contains("team-a"), "{r}");
     assert_eq!(
@@ -768,19 +776,73 @@ async fn a_device_class_added_makes_a_dra_pod_allowed() {
     server.running.shutdown().await;
 }
 
-/// A 1.33 cluster: DRA served as `resource.k8s.io/v1beta1` only. Discovery finds it, the
-/// claim templates and DeviceClasses are watched in it and read as v1 (the pod gets its
-/// GPU toleration), and a template the watch has not delivered is fetched in it.
+/// A 1.33 cluster (`envtest::dra_v1beta1_plane`: DRA served as `resource.k8s.io/v1beta1`
+/// only). Discovery finds it, the claim templates and DeviceClasses are watched in it and
+/// read as v1: the pod gets its GPU toleration and is allowed, from the cache.
 #[tokio::test]
 async fn a_cluster_serving_dra_v1beta1_only() {
+    let Some(t) = isolated_on(common::envtest::dra_v1beta1_plane(), "fz-v1beta1").await else {
+        return;
+    };
+    let mut tpl = template("resource.k8s.io/v1beta1", "gpu.nvidia.com");
+    tpl["metadata"]["namespace"] = json!(t.ns);
+    context::create(&t.admin, &tpl).await;
+    // Cluster-wide, and the class the shipped policy names: the plane's other tests may
+    // have made it.
+    context::create_shared(
+        &t.admin,
+        &device_class("resource.k8s.io/v1beta1", "gpu.nvidia.com"),
+    )
+    .await;
+    let server = t.serve(ENFORCE).await;
+    let mut c = client(&server).await;
+    until("ready", async || ready(&mut c).await.0 == 200).await;
+    for resource in ["resourceclaimtemplates", "deviceclasses"] {
+        assert_eq!(synced(&server, resource).await, Some(1.0), "{resource}");
+    }
+    let mut pod = dra_pod();
+    pod["metadata"]["namespace"] = json!(t.ns);
+    until("the template by the watch", async || {
+        gets_toleration(&mut c, &pod, "a").await
+    })
+    .await;
+    assert_eq!(validate(&mut c, &pod).await["allowed"], true);
+    assert_eq!(
+        metric(
+            &server,
+            "tollgate_cluster_fetches_total",
+            &[("resource", "resourceclaimtemplates"), ("result", "found")]
+        )
+        .await
+        .unwrap_or(0.0),
+        0.0,
+        "from the cache"
+    );
+    server.running.shutdown().await;
+}
+
+/// Whether `/mutate` of `pod` (review uid `uid`) gives it the NVIDIA GPU toleration.
+async fn gets_toleration(c: &mut Client, pod: &Value, uid: &str) -> bool {
+    let mut r = tollgate_core::synthetic_review(pod, None, "alice", &[]);
+    r["request"]["uid"] = json!(uid);
+    let (status, bytes) = c.post("/mutate", serde_json::to_vec(&r).unwrap()).await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    use base64::Engine as _;
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(v["response"]["patch"].as_str().unwrap_or(""))
+        .unwrap();
+    String::from_utf8_lossy(&patch).contains("nvidia.com/gpu")
+}
+
+/// A claim template the watch has not delivered (held back on cue, stand-in) on a cluster
+/// serving DRA only as `v1beta1`: fetched once, in v1beta1, and read as v1.
+#[tokio::test]
+async fn a_template_the_watch_holds_back_is_fetched_in_the_version_served() {
     let api = ApiServer::builder()
         .resources(ResourceType::defaults_with_dra("v1beta1"))
         .start()
         .await;
-    api.insert(
-        "resourceclaimtemplates",
-        template("resource.k8s.io/v1beta1", "gpu.nvidia.com"),
-    );
     api.insert(
         "deviceclasses",
         device_class("resource.k8s.io/v1beta1", "gpu.nvidia.com"),
@@ -788,35 +850,6 @@ async fn a_cluster_serving_dra_v1beta1_only() {
     let server = server_against(&api, ENFORCE, |_| {}).await;
     let mut c = client(&server).await;
     until("ready", async || ready(&mut c).await.0 == 200).await;
-    let review = |pod: &Value, uid: &str| {
-        let mut r = tollgate_core::synthetic_review(pod, None, "alice", &[]);
-        r["request"]["uid"] = json!(uid);
-        serde_json::to_vec(&r).unwrap()
-    };
-    let gets_toleration = async |c: &mut Client, pod: &Value, uid: &str| {
-        let (status, bytes) = c.post("/mutate", review(pod, uid)).await;
-        assert_eq!(status, 200);
-        let v: Value = serde_json::from_slice(&bytes).unwrap();
-        use base64::Engine as _;
-        let patch = base64::engine::general_purpose::STANDARD
-            .decode(v["response"]["patch"].as_str().unwrap_or(""))
-            .unwrap();
-        String::from_utf8_lossy(&patch).contains("nvidia.com/gpu")
-    };
-    let pod = dra_pod();
-    assert!(gets_toleration(&mut c, &pod, "a").await);
-    assert_eq!(validate(&mut c, &pod).await["allowed"], true);
-    assert_eq!(
-        api.count(Verb::Get, "resourceclaimtemplates"),
-        0,
-        "from the cache"
-    );
-    assert!(api
-        .requests_for(Verb::Watch, "resourceclaimtemplates")
-        .iter()
-        .all(|r| r.path.contains("/apis/resource.k8s.io/v1beta1/")));
-
-    // One the watch has not delivered: fetched once, in v1beta1.
     api.inject(Fault::delay(Duration::from_secs(30)).on("resourceclaimtemplates", Verb::Watch));
     api.break_watches();
     let mut fresh = template("resource.k8s.io/v1beta1", "gpu.nvidia.com");
@@ -826,6 +859,10 @@ async fn a_cluster_serving_dra_v1beta1_only() {
     pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = json!("fresh");
     assert!(gets_toleration(&mut c, &pod, "b").await);
     assert_eq!(api.count(Verb::Get, "resourceclaimtemplates"), 1);
+    assert!(api
+        .requests_for(Verb::Get, "resourceclaimtemplates")
+        .iter()
+        .all(|r| r.path.contains("/apis/resource.k8s.io/v1beta1/")));
     api.clear_faults();
     server.running.shutdown().await;
 }
@@ -874,23 +911,18 @@ async fn what_the_rbac_forbids_holds_nothing_up() {
     server.running.shutdown().await;
 }
 
-/// What the cluster does not serve (no DRA at all; stand-in: the real apiserver serves
-/// what it was started with) holds neither readiness nor a pod, and has no series.
+/// What the cluster does not serve (no DRA at all: `envtest::bare_plane`) holds neither
+/// readiness nor a pod, and has no series.
 #[tokio::test]
 async fn what_the_cluster_does_not_serve_holds_nothing_up() {
-    let api = ApiServer::builder()
-        .resources(
-            ResourceType::defaults()
-                .into_iter()
-                .filter(|r| r.group != "resource.k8s.io"),
-        )
-        .start()
-        .await;
-    api.insert("nodes", node("gpu-0", "16", json!({})));
-    let server = server_against(&api, ENFORCE, |_| {}).await;
+    let Some(t) = isolated_on(common::envtest::bare_plane(), "fz-unserved").await else {
+        return;
+    };
+    t.node("gpu-0", "16", json!({})).await;
+    let server = t.serve(ENFORCE).await;
     let mut c = client(&server).await;
     until("ready", async || ready(&mut c).await.0 == 200).await;
-    let r = validate(&mut c, &gpu_pod("nine", "9", json!({}))).await;
+    let r = validate(&mut c, &t.pod("nine", "9", json!({}))).await;
     assert_eq!(r["allowed"], true, "{r}");
     assert_eq!(warnings(&r), "", "nothing said of what is not served: {r}");
     assert_eq!(synced(&server, "nodes").await, Some(1.0));

@@ -757,7 +757,7 @@ async fn the_chart_installed_runs_tollgate_with_its_rbac_sufficient_and_no_wider
         },
     );
     let log = dir.path().join("serve.log");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    let mut child = common::bin::command()
         .args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -19,36 +19,9 @@ use tollgate_core::{
 
 use crate::common;
 use crate::common::apiserver::Verdict;
+use crate::common::rng::Rng;
 
 const CASES: u64 = 1500;
-
-/// xorshift64*: good enough to spread cases, and reproducible from a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
 
 const CPUS: &[&str] = &["100m", "500m", "1", "1500m", "2", "3", "8", "0.5"];
 const MEMS: &[&str] = &[

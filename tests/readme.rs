@@ -2,8 +2,6 @@
 
 use crate::common;
 
-use std::process::Command;
-
 fn readme() -> String {
     std::fs::read_to_string(common::root().join("README.md")).unwrap()
 }
@@ -45,7 +43,7 @@ fn cli_reference_names_every_flag_of_every_command() {
             text.contains(&format!("### `tollgate {cmd}")),
             "README documents {cmd}"
         );
-        let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        let out = common::bin::command()
             .args(cmd.split(' ').chain(["--help"]))
             .output()
             .unwrap();
@@ -76,7 +74,7 @@ fn the_curl_example_posts_a_fixture_that_exists() {
 
 #[test]
 fn serve_without_certificates_names_the_missing_flag() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    let out = common::bin::command()
         .args(["serve", "--metrics-listen", "off"])
         .output()
         .unwrap();
@@ -105,7 +103,7 @@ fn the_policy_objects_example_is_what_tollgate_policy_prints() {
         .nth(1)
         .and_then(|s| s.split("```").next())
         .expect("the console example of tollgate policy");
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    let out = common::bin::command()
         .args(["policy", "-f", path.to_str().unwrap()])
         .args(["--namespace", "team-a", "-o", "table"])
         .output()

@@ -9,7 +9,7 @@
 use crate::common;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -221,7 +221,7 @@ async fn soak() {
     let port = free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let server = Server(
-        Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        common::bin::command()
             .args([
                 "serve",
                 "--listen",

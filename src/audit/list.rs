@@ -328,6 +328,7 @@ pub async fn context(
         if let Some(e) = unreadable {
             return Err(AuditError::Api {
                 what: format!("reading the DRA objects of namespace {:?}", ns.name),
+                status: None,
                 detail: e,
             });
         }
@@ -606,6 +607,7 @@ impl<'a> Pager<'a> {
                 .list(&lp)
                 .map_err(|e| AuditError::Api {
                     what: format!("list {}", self.kind.plural),
+                    status: None,
                     detail: e.to_string(),
                 })?;
             match self.auditor.client.request(request).await {

@@ -51,8 +51,14 @@ pub enum AuditError {
     Unauthorized { url: String, detail: String },
     #[error("forbidden: tollgate audit needs {needs} ({detail})")]
     Forbidden { needs: String, detail: String },
+    /// `status`: the HTTP status the API server answered with, where it answered; what
+    /// callers decide on (a 404 on a list: the kind is not served), never the text.
     #[error("{what}: {detail}")]
-    Api { what: String, detail: String },
+    Api {
+        what: String,
+        status: Option<u16>,
+        detail: String,
+    },
     #[error("writing the output: {0}")]
     Output(#[from] std::io::Error),
     /// The audit was asked to stop (the server is shutting down, or lost the lease).
@@ -91,6 +97,7 @@ pub fn classify(url: &str, needs: Needs<'_>, e: kube::Error) -> AuditError {
         },
         kube::Error::Api(s) => AuditError::Api {
             what: format!("{} {}", needs.verb, needs.resource),
+            status: Some(s.code),
             detail: format!("{} {}: {}", s.code, s.reason, s.message),
         },
         other @ (kube::Error::HyperError(_) | kube::Error::Service(_)) => AuditError::Unreachable {
@@ -99,6 +106,7 @@ pub fn classify(url: &str, needs: Needs<'_>, e: kube::Error) -> AuditError {
         },
         other => AuditError::Api {
             what: format!("{} {}", needs.verb, needs.resource),
+            status: None,
             detail: innermost(&other),
         },
     }
@@ -364,9 +372,9 @@ impl Auditor {
                     Ok(None) => break,
                     // A workload kind the cluster does not serve (no Ray, no Volcano
                     // installed): nothing of it to judge.
-                    Err(AuditError::Api { detail, .. })
-                        if !is_pod && detail.starts_with("404 ") =>
-                    {
+                    Err(AuditError::Api {
+                        status: Some(404), ..
+                    }) if !is_pod => {
                         self.skip(&kind, None);
                         break;
                     }

@@ -1,7 +1,7 @@
 //! Kueue's LocalQueues and ClusterQueues (`kueue.x-k8s.io`), for feasibility: a workload
 //! labelled `kueue.x-k8s.io/queue-name` is admitted by Kueue only within its LocalQueue's
 //! ClusterQueue, so it is held to that quota instead of the namespace's ResourceQuotas
-//! (`tollgate_core::feasible::kueue`).
+//! (the engine's `feasible::kueue`).
 //!
 //! Kueue serves `v1beta1`, `v1beta2` and, in its newer releases, `v1`: the queues are
 //! watched in the newest the cluster serves ([`KUEUE_API_VERSIONS`], asked of discovery as

@@ -280,9 +280,13 @@ async fn read_body(limits: &Limits, req: Request) -> Result<Bytes, Response> {
         )),
         Ok(Ok(b)) => Ok(b),
         Ok(Err(e)) => {
-            let is_limit = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-                || e.to_string().contains("length limit");
+            // By its type, anywhere in the chain: axum wraps http-body-util's error, and
+            // a body of another kind may wrap it deeper.
+            let is_limit =
+                std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |e| {
+                    e.source()
+                })
+                .any(|e| e.is::<http_body_util::LengthLimitError>());
             if is_limit {
                 Err(too_large())
             } else {
