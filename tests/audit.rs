@@ -1646,7 +1646,7 @@ async fn an_expired_continue_token_resumes_with_the_one_the_410_carries() {
         (0..1201).map(|i| sized("big", &format!("p-{i:04}"))),
     );
     let auditor = tollgate::audit::Auditor::new(c.api.client(), c.api.url());
-    let policy = tollgate_core::policy::Policy::builtin();
+    let policy = tollgate_core::Policy::builtin();
     let scope = tollgate::audit::Namespaces::One("big".into());
     let namespaces = auditor.namespaces(&scope, &policy).await.unwrap();
     let mut pace = CompactAfter {

@@ -51,7 +51,7 @@ fn a_policy_file_wins_over_the_built_in_one() {
 #[test]
 fn the_built_in_policy_is_the_shipped_file() {
     let shipped = std::fs::read_to_string(common::default_policy_path()).unwrap();
-    assert_eq!(tollgate_core::policy::BUILTIN_TEXT, shipped);
+    assert_eq!(tollgate_core::BUILTIN_TEXT, shipped);
 }
 
 #[tokio::test]
@@ -62,7 +62,7 @@ async fn serve_runs_the_built_in_policy_without_a_policy_file() {
     let mut c = Client::connect(served.addr, &served.ca_pem, false).await;
     let (status, body) = c.request("GET", "/readyz", vec![]).await.unwrap();
     assert_eq!(status, 200);
-    let hash: String = Sha256::digest(tollgate_core::policy::BUILTIN_TEXT.as_bytes())[..8]
+    let hash: String = Sha256::digest(tollgate_core::BUILTIN_TEXT.as_bytes())[..8]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();

@@ -298,7 +298,7 @@ fn webhooks_call_the_server_routes_through_the_service() {
             }
         }
         registered.sort();
-        let mut listed: Vec<String> = tollgate_core::policy::Policy::builtin()
+        let mut listed: Vec<String> = tollgate_core::Policy::builtin()
             .workloads
             .kinds
             .iter()
@@ -360,12 +360,12 @@ fn the_policy_objects_webhook_reviews_both_kinds_everywhere_and_fails_open() {
     assert_eq!(
         hook["rules"],
         serde_json::json!([{
-            "apiGroups": [tollgate_core::objects::GROUP],
-            "apiVersions": [tollgate_core::objects::VERSION],
+            "apiGroups": [tollgate_core::POLICY_GROUP],
+            "apiVersions": [tollgate_core::POLICY_VERSION],
             "operations": ["CREATE", "UPDATE"],
             "resources": [
-                tollgate_core::objects::POLICY_PLURAL,
-                tollgate_core::objects::PROFILE_PLURAL,
+                tollgate_core::POLICY_PLURAL,
+                tollgate_core::PROFILE_PLURAL,
             ],
             "scope": "*",
         }])
@@ -1031,7 +1031,7 @@ fn policy_objects_rbac_is_exact() {
 fn two_teams_example_replaces_the_policy_with_profiles() {
     let text =
         std::fs::read_to_string(root().join("deploy/overlays/two-teams/policy.yaml")).unwrap();
-    let policy = tollgate_core::policy::Policy::from_text("two-teams/policy.yaml", &text).unwrap();
+    let policy = tollgate_core::Policy::from_text("two-teams/policy.yaml", &text).unwrap();
     let names: Vec<&str> = policy.profiles.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["team-a", "team-b", "sandbox"]);
     let a = policy.profiles[0].policy().unwrap();
@@ -1159,7 +1159,7 @@ fn the_audit_component_adds_its_flag_rbac_and_crd_and_nothing_else() {
         .filter(|(ns, r, _, _)| {
             // The kinds' resources: the cluster context's runtimes share TrainJob's group.
             ns.is_none()
-                && tollgate_core::policy::Policy::builtin()
+                && tollgate_core::Policy::builtin()
                     .workloads
                     .kinds
                     .iter()
@@ -1168,7 +1168,7 @@ fn the_audit_component_adds_its_flag_rbac_and_crd_and_nothing_else() {
         .map(|(_, r, v, _)| format!("{r} {v}"))
         .collect();
     workloads.sort();
-    let mut listed: Vec<String> = tollgate_core::policy::Policy::builtin()
+    let mut listed: Vec<String> = tollgate_core::Policy::builtin()
         .workloads
         .kinds
         .iter()

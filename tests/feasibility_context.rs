@@ -1,7 +1,7 @@
 //! Feasibility from the server's cluster context: nodes, quotas, DeviceClasses and Kueue's
 //! queues arriving by watch change the answer of a review; a relabelled or cordoned node
 //! changes it; what the RBAC forbids neither holds readiness nor refuses; the background
-//! audit reads the same caches.
+//! audit reads the same caches, and `tollgate audit` lists the same kinds of object.
 //!
 //! Against the real apiserver: on `common::envtest::isolated_plane()`, a control plane of
 //! these tests' own, because a node at all changes what feasibility says of every pod (one
@@ -113,7 +113,7 @@ fn gpu_pod(name: &str, gpus: &str, spec: Value) -> Value {
 
 /// `/validate` of a CREATE of `pod` by alice.
 async fn validate(c: &mut Client, pod: &Value) -> Value {
-    let review = tollgate_core::pipeline::synthetic_review(pod, None, "alice", &[]);
+    let review = tollgate_core::synthetic_review(pod, None, "alice", &[]);
     let (status, bytes) = c
         .post("/validate", serde_json::to_vec(&review).unwrap())
         .await;
@@ -165,6 +165,51 @@ impl Isolated {
         let n = self.pool.node(name, gpus, labels);
         context::create(&self.admin, &n).await;
         n
+    }
+
+    /// The ServiceAccount `audit` of the test's namespace, bound to the RBAC tollgate
+    /// ships for the background audit (deploy/components/policy-reports/rbac.yaml, and the
+    /// cluster context's rules, each as `adjust` leaves it): its kubeconfig.
+    async fn audit_identity(&self, adjust: impl Fn(&mut Value)) -> std::path::PathBuf {
+        let audit_rbac = "deploy/components/policy-reports/rbac.yaml";
+        let mut rules = context::rules_of(audit_rbac, "ClusterRole", "tollgate-audit");
+        rules.extend(context::shipped_rules().into_iter().map(|mut r| {
+            adjust(&mut r);
+            r
+        }));
+        context::bind(self.cp, &self.ns, "audit", &rules).await;
+        let lease = context::rules_of(audit_rbac, "Role", "tollgate-audit-lease");
+        context::bind_in(self.cp, &self.ns, "audit", &lease).await;
+        context::sa_kubeconfig(self.cp, &self.ns, "audit")
+    }
+
+    /// A server as the ServiceAccount bound to the shipped RBAC, the built-in policy in
+    /// force, its background audit running unpaced every 100 ms as `audit` (a kubeconfig,
+    /// [`Isolated::audit_identity`]), its Lease in the test's namespace.
+    async fn serve_auditing(&self, audit: std::path::PathBuf) -> TestServer {
+        let kubeconfig = context::shipped_identity(self.cp, &self.ns).await;
+        let ns = self.ns.clone();
+        let server = context::serve(kubeconfig, |o| {
+            let mut a = AuditOptions::new(Duration::from_millis(100));
+            a.rate = 0;
+            a.kubeconfig = Some(audit);
+            a.lease_namespace = Some(ns);
+            o.audit = Some(a);
+        })
+        .await;
+        in_force(server, "# the built-in policy\n").await
+    }
+
+    /// The PolicyReports of the test's namespace, as the admin reads them.
+    fn policy_reports(&self) -> kube::Api<kube::api::DynamicObject> {
+        kube::Api::namespaced_with(
+            self.admin.clone(),
+            &self.ns,
+            &kube::api::ApiResource::from_gvk_with_plural(
+                &kube::api::GroupVersionKind::gvk("wgpolicyk8s.io", "v1alpha2", "PolicyReport"),
+                "policyreports",
+            ),
+        )
     }
 
     /// A server as the ServiceAccount bound to the shipped RBAC, `policy` in force.
@@ -404,6 +449,13 @@ fn queued_job(ns: &str, pod_spec: Value) -> Value {
         "spec": {"pytorchReplicaSpecs": {"Worker": worker}}})
 }
 
+/// LocalQueue `team-a` of namespace `ns`, submitting to ClusterQueue `cluster_queue`.
+fn local_queue(ns: &str, cluster_queue: &str) -> Value {
+    json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+        "metadata": {"name": "team-a", "namespace": ns},
+        "spec": {"clusterQueue": cluster_queue}})
+}
+
 /// A ClusterQueue named `name` of `nominal` GPUs, borrowing up to `borrowing` from
 /// `cohort`.
 fn cluster_queue(name: &str, nominal: &str, cohort: Option<(&str, &str)>) -> Value {
@@ -454,13 +506,7 @@ async fn kueue_queues_arriving_by_watch_hold_a_workload_to_its_cluster_queue() {
     // ClusterQueues and cohorts are cluster-wide: names of this test's own.
     let cq = context::unique("team-a");
     let cohort = context::unique("research");
-    context::create(
-        &t.admin,
-        &json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-            "metadata": {"name": "team-a", "namespace": t.ns},
-            "spec": {"clusterQueue": cq}}),
-    )
-    .await;
+    context::create(&t.admin, &local_queue(&t.ns, &cq)).await;
     context::create(&t.admin, &cluster_queue(&cq, "8", None)).await;
     until("the queues by the watch", async || {
         validate(&mut c, &job).await["allowed"] == false
@@ -487,6 +533,142 @@ async fn kueue_queues_arriving_by_watch_hold_a_workload_to_its_cluster_queue() {
         );
     }
     server.running.shutdown().await;
+}
+
+/// The findings of `text` that say it can never run: what follows `can never run: ` in
+/// each of its lines (a webhook's warnings) or messages (an audit's findings).
+fn never_runs<'a>(texts: impl IntoIterator<Item = &'a str>) -> std::collections::BTreeSet<String> {
+    texts
+        .into_iter()
+        .flat_map(str::lines)
+        .filter_map(|l| l.split_once("can never run: ").map(|(_, f)| f.to_owned()))
+        .collect()
+}
+
+/// The webhook, `tollgate audit` and the background audit see the same Kueue queues: a
+/// Job of 4 pods of 4 GPUs each, submitted to a LocalQueue whose ClusterQueue has 8 GPUs,
+/// is warned at apply (the built-in policy: feasibility `warn`) that Kueue never admits
+/// it, and each audit fails it on the feasibility rule in the same words. The server and
+/// both audits run as the identities bound to the RBAC tollgate ships (the cluster
+/// context's, and the audit's: deploy/components/policy-reports/rbac.yaml), so that RBAC
+/// is shown to let the audits read the queues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audits_see_the_kueue_queues_the_webhook_sees() {
+    let Some(t) = isolated("fz-kaudit").await else {
+        return;
+    };
+    context::install_crds(&t.admin, "tests/data/crds/kueue.yaml").await;
+    context::install_crds(
+        &t.admin,
+        "deploy/components/policy-reports/crd/wgpolicyk8s.io_policyreports.yaml",
+    )
+    .await;
+    // Room on the nodes for each pod: only the ClusterQueue stands in the way.
+    t.node("gpu-0", "8", json!({})).await;
+    let cq = context::unique("team-a");
+    context::create(&t.admin, &local_queue(&t.ns, &cq)).await;
+    context::create(&t.admin, &cluster_queue(&cq, "8", None)).await;
+    let mut pod_spec = json!({
+        "restartPolicy": "Never",
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [{"name": "sweep", "image": "registry.example.com/sweep:1.0",
+            "resources": {
+                "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "4"},
+                "limits": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "4"}}}]});
+    t.pool.confine(&mut pod_spec);
+    // Suspended, as Kueue's own webhook leaves a Job until its queue admits it.
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "sweep", "namespace": t.ns,
+            "labels": {"kueue.x-k8s.io/queue-name": "team-a"}},
+        "spec": {"suspend": true, "parallelism": 4, "completions": 4,
+            "template": {"spec": pod_spec}}});
+    context::create(&t.admin, &job).await;
+
+    let audit = t.audit_identity(|_| {}).await;
+    context::until_may_list(t.cp, &audit, "nodes").await;
+    let server = t.serve_auditing(audit.clone()).await;
+    let mut c = client(&server).await;
+    until("ready", async || ready(&mut c).await.0 == 200).await;
+
+    // The webhook, at apply.
+    let mut r = Value::Null;
+    until("the queues by the watch", async || {
+        r = validate(&mut c, &job).await;
+        warnings(&r).contains("Kueue never admits it")
+    })
+    .await;
+    assert_eq!(r["allowed"], true, "warned, not refused: {r}");
+    let webhook = never_runs([warnings(&r).as_str()]);
+    assert_eq!(webhook.len(), 1, "{r}");
+    let finding = webhook.iter().next().unwrap();
+    assert!(
+        finding.contains(&cq) && finding.contains("at most 8 nvidia.com/gpu"),
+        "{finding}"
+    );
+    assert!(
+        finding.contains("its 4 pods ask for 16 in all"),
+        "{finding}"
+    );
+
+    // The background audit, in the server's caches.
+    let reports = t.policy_reports();
+    let mut reported = std::collections::BTreeSet::new();
+    until("the Kueue finding in the report", async || {
+        let report = reports.get_opt("tollgate").await.unwrap();
+        let results = report
+            .as_ref()
+            .and_then(|r| r.data["results"].as_array().cloned())
+            .unwrap_or_default();
+        reported = never_runs(
+            results
+                .iter()
+                .filter(|x| x["rule"] == "feasibility" && x["result"] == "fail")
+                .filter_map(|x| x["message"].as_str()),
+        );
+        !reported.is_empty()
+    })
+    .await;
+    assert_eq!(reported, webhook, "the background audit");
+    server.running.shutdown().await;
+
+    // `tollgate audit` of the namespace, listing what it judges in.
+    let args = [
+        "audit".to_owned(),
+        "--kubeconfig".into(),
+        audit.display().to_string(),
+        "-n".into(),
+        t.ns.clone(),
+        "--output".into(),
+        "json".into(),
+    ];
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        !err.contains("queues"),
+        "the shipped RBAC lets it read them: {err}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let audited = never_runs(
+        lines
+            .iter()
+            .filter(|l| l["rule"] == "feasibility" && l["result"] == "fail")
+            .filter_map(|l| l["message"].as_str()),
+    );
+    assert_eq!(audited, webhook, "tollgate audit: {lines:#?}");
 }
 
 /// A cluster without Kueue (`envtest::bare_plane`: no test installs a CRD there) holds
@@ -641,7 +823,7 @@ async fn a_cluster_serving_dra_v1beta1_only() {
 
 /// Whether `/mutate` of `pod` (review uid `uid`) gives it the NVIDIA GPU toleration.
 async fn gets_toleration(c: &mut Client, pod: &Value, uid: &str) -> bool {
-    let mut r = tollgate_core::pipeline::synthetic_review(pod, None, "alice", &[]);
+    let mut r = tollgate_core::synthetic_review(pod, None, "alice", &[]);
     r["request"]["uid"] = json!(uid);
     let (status, bytes) = c.post("/mutate", serde_json::to_vec(&r).unwrap()).await;
     assert_eq!(status, 200);
@@ -775,38 +957,16 @@ async fn the_background_audit_reports_what_can_never_run() {
     // Pending for good: no scheduler runs.
     context::create(&t.admin, &t.pod("nine", "9", json!({}))).await;
 
-    let audit_rbac = "deploy/components/policy-reports/rbac.yaml";
-    let mut rules = context::rules_of(audit_rbac, "ClusterRole", "tollgate-audit");
-    rules.extend(context::shipped_rules().into_iter().map(|mut r| {
-        if let Some(resources) = r["resources"].as_array_mut() {
-            resources.retain(|x| x != "nodes");
-        }
-        r
-    }));
-    context::bind(t.cp, &t.ns, "audit", &rules).await;
-    let lease = context::rules_of(audit_rbac, "Role", "tollgate-audit-lease");
-    context::bind_in(t.cp, &t.ns, "audit", &lease).await;
-    let audit = context::sa_kubeconfig(t.cp, &t.ns, "audit");
+    let audit = t
+        .audit_identity(|r| {
+            if let Some(resources) = r["resources"].as_array_mut() {
+                resources.retain(|x| x != "nodes");
+            }
+        })
+        .await;
     context::until_may_list(t.cp, &audit, "pods").await;
-    let kubeconfig = context::shipped_identity(t.cp, &t.ns).await;
-    let ns = t.ns.clone();
-    let server = context::serve(kubeconfig, |o| {
-        let mut a = AuditOptions::new(Duration::from_millis(100));
-        a.rate = 0;
-        a.kubeconfig = Some(audit);
-        a.lease_namespace = Some(ns);
-        o.audit = Some(a);
-    })
-    .await;
-    let server = in_force(server, "# the built-in policy\n").await;
-    let reports = kube::Api::<kube::api::DynamicObject>::namespaced_with(
-        t.admin.clone(),
-        &t.ns,
-        &kube::api::ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk("wgpolicyk8s.io", "v1alpha2", "PolicyReport"),
-            "policyreports",
-        ),
-    );
+    let server = t.serve_auditing(audit).await;
+    let reports = t.policy_reports();
     let mut found = None;
     until("the feasibility finding in the report", async || {
         found = reports.get_opt("tollgate").await.unwrap().and_then(|r| {

@@ -39,9 +39,7 @@ use base64::Engine as _;
 use http_body_util::BodyExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
-use tollgate_core::cluster::Objects;
-use tollgate_core::policy::Policy;
-use tollgate_core::review::{review_bytes_with, Endpoint};
+use tollgate_core::{review_bytes_with, Objects, Policy, Stage};
 use tower::ServiceExt as _;
 
 /// A case as the runner uses it: the case (common::golden) with its policy loaded and its
@@ -49,7 +47,7 @@ use tower::ServiceExt as _;
 struct Case {
     dir: PathBuf,
     case: golden::Case,
-    endpoint: Endpoint,
+    endpoint: Stage,
     review: Value,
     policy_path: PathBuf,
     policy: Policy,
@@ -64,8 +62,8 @@ fn bless() -> bool {
 fn load_case(dir: &Path) -> Result<Case, String> {
     let case = golden::Case::load(dir)?;
     let endpoint = match case.spec.endpoint.as_str() {
-        "mutate" => Endpoint::Mutate,
-        "validate" => Endpoint::Validate,
+        "mutate" => Stage::Mutate,
+        "validate" => Stage::Validate,
         e => {
             return Err(format!(
                 "case.yaml: endpoint {e:?} is neither mutate nor validate"
@@ -316,7 +314,7 @@ fn check_mutation(case: &Case, response: &Value, failures: &mut Vec<String>) {
                 return;
             }
         };
-        for p in tollgate_core::check::problems(&typed) {
+        for p in tollgate_core::pod_problems(&typed) {
             failures.push(format!("{name}: the mutated pod is invalid: {p}"));
         }
     }
@@ -324,7 +322,7 @@ fn check_mutation(case: &Case, response: &Value, failures: &mut Vec<String>) {
     let mut again = case.review.clone();
     *again.pointer_mut("/request/object").unwrap() = pod;
     let second = review_bytes_with(
-        Endpoint::Mutate,
+        Stage::Mutate,
         &case.policy,
         &case.context,
         &serde_json::to_vec(&again).unwrap(),
@@ -381,7 +379,7 @@ async fn golden_cases() {
             &mut failures,
         );
         match case.endpoint {
-            Endpoint::Mutate => {
+            Stage::Mutate => {
                 check_mutation(&case, &response, &mut failures);
                 let mutated = if case.case.is_workload() {
                     "mutatedObject"
@@ -402,7 +400,8 @@ async fn golden_cases() {
                     }
                 }
             }
-            Endpoint::Validate => stale(&case.dir.join("mutated.yaml"), &mut failures),
+            // A case is a review posted to one webhook (case.yaml's endpoint).
+            Stage::Validate | Stage::All => stale(&case.dir.join("mutated.yaml"), &mut failures),
         }
     }
     assert!(

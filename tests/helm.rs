@@ -356,7 +356,7 @@ fn values_change_what_they_name_and_nothing_else() {
     let text = all["ConfigMap/tollgate-policy"]["data"]["default.yaml"]
         .as_str()
         .unwrap();
-    let policy = tollgate_core::policy::Policy::from_text("values.policy", text).unwrap();
+    let policy = tollgate_core::Policy::from_text("values.policy", text).unwrap();
     assert_eq!(
         format!("{:?}", policy.validation.mode).to_lowercase(),
         "warn"

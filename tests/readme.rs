@@ -193,8 +193,8 @@ fn the_workload_refusal_example_is_what_review_says() {
 /// README: a new one does not compile here until it is listed.
 #[test]
 fn every_metric_reason_verdict_and_audit_category_is_documented() {
-    use tollgate_core::audit::Rule;
-    use tollgate_core::validate::Verdict;
+    use tollgate_core::Rule;
+    use tollgate_core::Verdict;
     let operations = std::fs::read_to_string(common::root().join("docs/operations.md")).unwrap();
     let row = |name: &str| {
         operations

@@ -84,7 +84,7 @@ fn trainjob_review_in(ns: &str, runtime: &str, uid: &str) -> Vec<u8> {
             "trainer": {"numNodes": 2, "command": ["torchrun", "train.py"]}
         }
     });
-    let mut review = tollgate_core::pipeline::synthetic_review(&job, None, "alice", &[]);
+    let mut review = tollgate_core::synthetic_review(&job, None, "alice", &[]);
     review["request"]["uid"] = json!(uid);
     serde_json::to_vec(&review).unwrap()
 }

@@ -1,6 +1,6 @@
 //! The audit of a live cluster: `tollgate audit` and the server's background audit.
 //!
-//! Each object is judged by the engine ([`tollgate_core::audit::judge`]) as a CREATE of it
+//! Each object is judged by the engine ([`tollgate_core::audit_object`]) as a CREATE of it
 //! would be; this module only reads the cluster and hands the findings on:
 //!
 //! - [`list`]: the namespaces in scope, and per namespace the objects to judge and the
@@ -27,12 +27,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::Client;
-use serde_json::Value;
 
 use crate::cluster::ClusterContext;
-use tollgate_core::audit::{self as engine, Audited, OptOutState};
-use tollgate_core::cluster::{Cluster, Lookup, Objects};
-use tollgate_core::policy::Policy;
+use tollgate_core::{audit_object, controlled, Audited, Objects, OptOutState, Policy};
 
 pub use list::NamespaceInfo;
 
@@ -62,9 +59,6 @@ pub enum AuditError {
         status: Option<u16>,
         detail: String,
     },
-    /// Only a bug in the engine could cause it.
-    #[error("judging {object}: {detail}")]
-    Judge { object: String, detail: String },
     #[error("writing the output: {0}")]
     Output(#[from] std::io::Error),
     /// The audit was asked to stop (the server is shutting down, or lost the lease).
@@ -118,58 +112,14 @@ pub fn classify(url: &str, needs: Needs<'_>, e: kube::Error) -> AuditError {
     }
 }
 
-/// Where the objects' cluster context (DRA claims and templates, namespace labels, nodes,
-/// quotas, DeviceClasses) comes from.
+/// Where the objects' cluster context (DRA claims and templates, namespace labels, Trainer
+/// runtimes, nodes, quotas, DeviceClasses, Kueue's queues) comes from.
 #[derive(Clone)]
 pub enum Context {
     /// Listed per namespace, kept while the namespace is audited: what the command does.
     PerNamespace,
     /// The server's caches, already in memory.
     Shared(Arc<dyn ClusterContext>),
-}
-
-/// The server's context as the engine's [`Cluster`].
-struct Via<'a>(&'a dyn ClusterContext);
-
-impl Cluster for Via<'_> {
-    fn resource_claim(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Lookup<Arc<k8s_openapi::api::resource::v1::ResourceClaim>> {
-        self.0.resource_claim(namespace, name)
-    }
-    fn resource_claim_template(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Lookup<Arc<k8s_openapi::api::resource::v1::ResourceClaimTemplate>> {
-        self.0.resource_claim_template(namespace, name)
-    }
-    fn namespace(&self, name: &str) -> Lookup<Arc<k8s_openapi::api::core::v1::Namespace>> {
-        self.0.namespace(name)
-    }
-    fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<serde_json::Value>> {
-        self.0.training_runtime(namespace, name)
-    }
-    fn cluster_training_runtime(&self, name: &str) -> Lookup<Arc<serde_json::Value>> {
-        self.0.cluster_training_runtime(name)
-    }
-    fn is_offline(&self) -> bool {
-        self.0.is_offline()
-    }
-    fn nodes(&self) -> Option<Lookup<Arc<tollgate_core::capacity::Nodes>>> {
-        self.0.nodes()
-    }
-    fn resource_quotas(
-        &self,
-        namespace: &str,
-    ) -> Option<Lookup<Arc<[Arc<k8s_openapi::api::core::v1::ResourceQuota>]>>> {
-        self.0.resource_quotas(namespace)
-    }
-    fn device_classes(&self) -> Option<Lookup<Arc<std::collections::BTreeSet<String>>>> {
-        self.0.device_classes()
-    }
 }
 
 /// Counts of one namespace's (or a whole audit's) objects.
@@ -282,7 +232,7 @@ pub struct Auditor {
     pub page_size: u32,
     /// Namespaces (names or globs) left out of an audit of all namespaces: those the
     /// webhooks never act in.
-    pub exclude: Vec<tollgate_core::glob::Glob>,
+    pub exclude: Vec<tollgate_core::Glob>,
     /// The workload kinds not listed, and why: the cluster answered 404 (their CRD is not
     /// installed, `None`) or 403 (the identity may not list them). Not asked for again in
     /// the namespaces after, until [`Auditor::start_run`].
@@ -392,12 +342,10 @@ impl Auditor {
             ..Totals::default()
         };
         let local: Objects;
-        let shared: Via<'_>;
-        let cluster: &(dyn Cluster + Sync) = match &self.context {
-            Context::Shared(c) => {
-                shared = Via(c.as_ref());
-                &shared
-            }
+        // Either is a whole context (the server's caches, or what was listed for this
+        // namespace), seen by the engine as its `Cluster` through trait upcasting.
+        let cluster: &dyn ClusterContext = match &self.context {
+            Context::Shared(c) => c.as_ref(),
             Context::PerNamespace => {
                 let wide = self.cluster_wide(policy).await?;
                 local = list::context(self, namespace, policy, &wide).await?;
@@ -434,11 +382,11 @@ impl Auditor {
                     // A workload a controller made (a Deployment's ReplicaSet, a CronJob's
                     // Job) is its parent's template again: judged at the parent, and
                     // its pods are judged as pods.
-                    if !is_pod && engine::controlled(&object) {
+                    if !is_pod && controlled(&object) {
                         continue;
                     }
                     let started = Instant::now();
-                    let audited = judge(policy, cluster, object)?;
+                    let audited = audit_object(policy, cluster, object);
                     let busy = started.elapsed();
                     totals.add(&audited);
                     found(&audited)?;
@@ -452,25 +400,4 @@ impl Auditor {
 
 fn absent_key(kind: &kube::api::ApiResource) -> String {
     format!("{}/{}", kind.api_version, kind.plural)
-}
-
-fn judge(
-    policy: &Policy,
-    cluster: &(dyn Cluster + Sync),
-    object: Value,
-) -> Result<Audited, AuditError> {
-    let name = || {
-        let s = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or("");
-        format!(
-            "{} {}/{}",
-            s("/kind"),
-            s("/metadata/namespace"),
-            s("/metadata/name")
-        )
-    };
-    let object_name = name();
-    engine::judge(policy, cluster, object).map_err(|e| AuditError::Judge {
-        object: object_name,
-        detail: e.to_string(),
-    })
 }

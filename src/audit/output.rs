@@ -8,7 +8,7 @@
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
-use tollgate_core::audit::Audited;
+use tollgate_core::Audited;
 
 use super::report::ReportBuilder;
 use super::{NamespaceInfo, Totals};

@@ -150,7 +150,7 @@ async fn audit(a: &AuditArgs) -> Result<(Totals, bool), Ended> {
 
 async fn run_audit<W: std::io::Write>(
     auditor: &Auditor,
-    policy: &tollgate_core::policy::Policy,
+    policy: &tollgate_core::Policy,
     scope: &Namespaces,
     writer: &mut Writer<W>,
 ) -> Result<Totals, AuditError> {

@@ -6,8 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 
 use super::kubectl::Manifests;
-use tollgate_core::export::{self, NoteKind, Options};
-use tollgate_core::policy::{Policy, BUILTIN_SOURCE};
+use tollgate_core::{validating_admission_policy, ExportOptions, NoteKind, Policy, BUILTIN_SOURCE};
 
 #[derive(Args, Debug)]
 pub struct ExportArgs {
@@ -69,9 +68,9 @@ fn run_vap(a: &VapArgs) -> i32 {
             return 2;
         }
     };
-    let out = export::validating_admission_policy(
+    let out = validating_admission_policy(
         &policy,
-        &Options {
+        &ExportOptions {
             namespace_selector,
             source,
         },

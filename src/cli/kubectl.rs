@@ -14,7 +14,6 @@ use std::process::Command;
 
 use clap::Args;
 use serde_json::Value;
-use tollgate_core::names;
 
 /// `--kubeconfig` and `--context`, with the finding of the cluster they choose; kept with
 /// it (`kubeconfig`), below `register` and the server, which take them too.
@@ -240,10 +239,10 @@ impl Document {
 }
 
 /// How a kind is named to a person (`job`, `job.batch.volcano.sh`): the engine's
-/// [`names::kind_noun`], from an object's apiVersion.
+/// [`tollgate_core::kind_noun`], from an object's apiVersion.
 pub fn kind_noun(api_version: &str, kind: &str) -> String {
     let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
-    names::kind_noun(group, kind)
+    tollgate_core::kind_noun(group, kind)
 }
 
 /// What a command writes to standard output, written. A reader that went away (`| head`)

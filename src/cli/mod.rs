@@ -12,7 +12,7 @@ pub use export::{ExportArgs, ExportCommand, VapArgs};
 pub use policy::PolicyArgs;
 pub use review::{
     add_context, documents, read, run_review, split, synthetic_review, CliResult, Entered, Entry,
-    Input, Output, ReviewArgs, Skipped, Stage,
+    Input, Output, ReviewArgs, Skipped,
 };
 
 use std::net::SocketAddr;

@@ -11,10 +11,9 @@ use serde_json::{json, Value};
 
 use super::kubectl::Manifests;
 use super::objects::{self, PolicyObjects};
-use tollgate_core::cluster::Objects;
-use tollgate_core::objects::explain::{self, Explained, Leaf};
-use tollgate_core::policy::Policy;
-use tollgate_core::profile::{self, PodLabels};
+use tollgate_core::{
+    explain_policy, select_profile, Explained, Leaf, Objects, PodLabels, Policy, ValueSource,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -96,7 +95,7 @@ fn show(a: &PolicyArgs) -> Result<(String, bool), String> {
             .as_deref()
             .and_then(|ns| cluster_profile(policy, ns, a)),
     };
-    let explained = explain::explain(policy, a.namespace.as_deref(), chosen.as_deref())
+    let explained = explain_policy(policy, a.namespace.as_deref(), chosen.as_deref())
         .map_err(|e| e.to_string())?;
     let text = match a.output {
         Format::Json => {
@@ -138,7 +137,7 @@ pub(super) fn read_objects(
 }
 
 /// The cluster profile the pods of `namespace` with the labels given get, as the webhook
-/// chooses it (`profile::select`), over the policy without the namespaces' profiles (whose
+/// chooses it (`select_profile`), over the policy without the namespaces' profiles (whose
 /// names would say which layer, not which cluster profile).
 fn cluster_profile(policy: &Policy, namespace: &str, a: &PolicyArgs) -> Option<String> {
     let mut bare = policy.clone();
@@ -150,7 +149,7 @@ fn cluster_profile(policy: &Policy, namespace: &str, a: &PolicyArgs) -> Option<S
     ns.metadata.labels = Some(labels);
     let mut cluster = Objects::complete();
     cluster.add_namespace(ns);
-    let selected = profile::select(
+    let selected = select_profile(
         &bare,
         namespace,
         PodLabels::Parsed(a.pod_labels.as_ref()),
@@ -246,12 +245,8 @@ fn table(leaves: &[Leaf]) -> String {
     out
 }
 
-fn to_json(
-    e: &Explained,
-    a: &PolicyArgs,
-    statuses: &[tollgate_core::objects::ObjectStatus],
-) -> Value {
-    let source = |s: &explain::Source| json!({"kind": s.kind(), "name": s.to_string()});
+fn to_json(e: &Explained, a: &PolicyArgs, statuses: &[tollgate_core::ObjectStatus]) -> Value {
+    let source = |s: &ValueSource| json!({"kind": s.kind(), "name": s.to_string()});
     json!({
         "namespace": a.namespace,
         "policy": e.name,

@@ -29,13 +29,12 @@ use serde_json::{json, Value};
 
 use super::kubectl::{kind_noun, Document, Manifests};
 use super::objects::{self, PolicyObjects};
-use tollgate_core::cluster::{self, Cluster, Objects};
-use tollgate_core::objects::ObjectStatus;
-pub use tollgate_core::pipeline::synthetic_review;
-use tollgate_core::pipeline::{self, group_version};
-use tollgate_core::policy::Policy;
-use tollgate_core::review::Reviewed;
-use tollgate_core::workload::TemplateVerdict;
+pub use tollgate_core::synthetic_review;
+use tollgate_core::{
+    claim_from, claim_template_from, group_version, place_in_namespace, run_pipeline, Cluster,
+    Judged, ObjectStatus, Objects, Policy, Reviewed, Stage, TemplateVerdict, DRA_API_VERSIONS,
+    KUEUE_API_VERSIONS,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -43,15 +42,18 @@ pub enum Output {
     Json,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Stage {
-    /// Mutate, then validate the mutated pod (after the apiserver's defaulting), as a
-    /// cluster with both webhooks would.
-    All,
-    /// Only the mutating webhook.
-    Mutate,
-    /// Only the validating webhook.
-    Validate,
+/// `--stage`: the engine's [`Stage`], each value with the help `--help` shows.
+fn stage_parser() -> impl clap::builder::TypedValueParser<Value = Stage> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new([
+        PossibleValue::new(Stage::All.as_str()).help(
+            "Mutate, then validate the mutated pod (after the apiserver's defaulting), as a cluster with both webhooks would",
+        ),
+        PossibleValue::new(Stage::Mutate.as_str()).help("Only the mutating webhook"),
+        PossibleValue::new(Stage::Validate.as_str()).help("Only the validating webhook"),
+    ])
+    // Only those three reach here, and each parses.
+    .map(|s| s.parse().unwrap_or(Stage::All))
 }
 
 #[derive(Args, Debug)]
@@ -81,7 +83,7 @@ pub struct ReviewArgs {
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
     /// Which webhook(s) to run.
-    #[arg(long, value_enum, default_value_t = Stage::All)]
+    #[arg(long, value_parser = stage_parser(), default_value = "all")]
     pub stage: Stage,
     /// For a Pod or workload input: the namespace [default: the object's, or "default"];
     /// for an object written without one, its namespace [default: "default"], as
@@ -388,7 +390,7 @@ fn place_namespace(doc: &mut Value, namespace: &str) {
     if kind == "AdmissionReview" || CLUSTER_SCOPED.contains(&kind) {
         return;
     }
-    pipeline::place_in_namespace(doc, namespace);
+    place_in_namespace(doc, namespace);
 }
 
 /// The namespace a subject is reviewed in: `--namespace`, else its own, else `default`.
@@ -424,13 +426,13 @@ fn namespace_object(name: &str, labels: &BTreeMap<String, String>) -> Namespace 
 pub fn add_context(context: &mut Objects, doc: &Value) -> Result<bool, String> {
     let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
     let api = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-    let dra = cluster::DRA_API_VERSIONS.contains(&api);
+    let dra = DRA_API_VERSIONS.contains(&api);
     let device_class = matches!(
         api,
         "resource.k8s.io/v1" | "resource.k8s.io/v1beta2" | "resource.k8s.io/v1beta1"
     );
     match (kind, api) {
-        ("ResourceClaim", _) if dra => context.add_claim(cluster::claim_from(doc)?),
+        ("ResourceClaim", _) if dra => context.add_claim(claim_from(doc)?),
         ("Node", "v1") => {
             context.add_node(serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?)
         }
@@ -443,9 +445,7 @@ pub fn add_context(context: &mut Objects, doc: &Value) -> Result<bool, String> {
                 .unwrap_or("")
                 .to_owned(),
         ),
-        ("ResourceClaimTemplate", _) if dra => {
-            context.add_template(cluster::claim_template_from(doc)?)
-        }
+        ("ResourceClaimTemplate", _) if dra => context.add_template(claim_template_from(doc)?),
         ("Namespace", "v1") => {
             let mut ns: Namespace =
                 serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
@@ -458,10 +458,10 @@ pub fn add_context(context: &mut Objects, doc: &Value) -> Result<bool, String> {
             context.add_namespace(ns)
         }
         // The queues a workload labelled for Kueue is admitted through, read as JSON.
-        ("LocalQueue", _) if cluster::KUEUE_API_VERSIONS.contains(&api) => {
+        ("LocalQueue", _) if KUEUE_API_VERSIONS.contains(&api) => {
             return Ok(context.add_kueue_queue(doc.clone()));
         }
-        ("ClusterQueue", _) if cluster::KUEUE_API_VERSIONS.contains(&api) => {
+        ("ClusterQueue", _) if KUEUE_API_VERSIONS.contains(&api) => {
             return Ok(context.add_kueue_queue(doc.clone()));
         }
         // What a TrainJob's pods are made from, read as JSON.
@@ -978,12 +978,7 @@ pub fn run_review(
             ))
         }
     };
-    let stage = match a.stage {
-        Stage::All => pipeline::Stage::All,
-        Stage::Mutate => pipeline::Stage::Mutate,
-        Stage::Validate => pipeline::Stage::Validate,
-    };
-    let judged = pipeline::run(policy, cluster, &review, stage).map_err(|e| e.to_string())?;
+    let judged = run_pipeline(policy, cluster, &review, a.stage).map_err(|e| e.to_string())?;
     let mut result = CliResult::of(judged);
     // What the object is: its own kind, or the kind the AdmissionReview's request names.
     let (kind, api_version) = match value.pointer("/request/kind") {
@@ -1004,7 +999,7 @@ pub fn run_review(
 
 impl CliResult {
     /// What the command shows of the pipeline's judgement.
-    fn of(mut judged: pipeline::Judged) -> CliResult {
+    fn of(mut judged: Judged) -> CliResult {
         let mut result = CliResult {
             allowed: judged.allowed,
             message: judged.message.clone(),

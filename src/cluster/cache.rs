@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::ResourceStatus;
-use tollgate_core::cluster::Lookup;
+use tollgate_core::Lookup;
 
 /// Objects per list request: the page size kube's reflectors and kubectl use.
 pub const PAGE_SIZE: u32 = 500;

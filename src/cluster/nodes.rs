@@ -2,7 +2,7 @@
 //!
 //! Clusters have thousands of nodes that look alike, and nodes change all the time
 //! (their status is rewritten every few seconds: conditions, heartbeats, images), while
-//! what feasibility reads of them (`capacity::shape_of`: allocatable, labels, taints,
+//! what feasibility reads of them (`shape_of`: allocatable, labels, taints,
 //! unschedulable) rarely does. So:
 //!
 //! - A Node is parsed as a [`NodeView`]: those fields and the resourceVersion the watcher
@@ -10,7 +10,7 @@
 //! - [`ShapeIndex`] keeps each node's shape (shared by the nodes of one shape) and each
 //!   shape's hosts. A node whose shape did not change costs one comparison and changes
 //!   nothing; one that changed moves between two shapes (a cordon takes it out).
-//! - Reviews read an `Arc<capacity::Nodes>` snapshot, swapped whole ([`NodeSink`]).
+//! - Reviews read an `Arc<Nodes>` snapshot, swapped whole ([`NodeSink`]).
 //!   Rebuilding it is copy-on-write per shape: the shapes no node entered or left keep
 //!   their `Arc<Shape>`, so a rebuild costs the number of shapes plus the hosts of the
 //!   shapes that changed. Changes are published at most every [`PUBLISH_EVERY`]: a burst
@@ -32,7 +32,7 @@ use serde::{Deserialize, Deserializer};
 use tokio::time::Instant;
 
 use super::cache::Sink;
-use tollgate_core::capacity::{self, Host, Nodes, Shape, ShapeKey};
+use tollgate_core::{shape_of, Host, Nodes, Shape, ShapeKey};
 
 /// The most often the snapshot reviews read is rebuilt: a change is seen by reviews within
 /// this, and a burst of changes costs one rebuild.
@@ -135,7 +135,7 @@ impl ShapeIndex {
     /// Takes in a node added or changed; whether the snapshot changes.
     pub fn apply(&mut self, node: &Node) -> bool {
         let name = node.metadata.name.as_deref().unwrap_or("");
-        let new = capacity::shape_of(node);
+        let new = shape_of(node);
         match (self.nodes.get(name), &new) {
             // Still cordoned.
             (Some(None), None) => return false,
@@ -337,7 +337,7 @@ mod tests {
     fn a_view_keeps_what_a_shape_is_made_of_and_nothing_else() {
         let full: Node = serde_json::from_value(node("gpu-1", "a100", "8")).unwrap();
         let v = view(node("gpu-1", "a100", "8"));
-        assert_eq!(capacity::shape_of(&v), capacity::shape_of(&full));
+        assert_eq!(shape_of(&v), shape_of(&full));
         assert_eq!(v.metadata.resource_version.as_deref(), Some("7"));
         assert!(v.metadata.annotations.is_none() && v.metadata.managed_fields.is_none());
         let status = v.status.unwrap();

@@ -13,7 +13,7 @@ use super::shutdown::stopped;
 use super::{ActivePolicy, AppState, ServeOptions};
 use crate::metrics::ResultLabels;
 use crate::tls::CertStore;
-use tollgate_core::policy::{self, Policy};
+use tollgate_core::{Policy, BUILTIN_SOURCE, BUILTIN_TEXT};
 
 /// Loads a policy file, for start-up and reloads.
 pub fn load_policy(path: &Path) -> Result<ActivePolicy, String> {
@@ -35,9 +35,8 @@ pub(super) fn initial_policy(
             Ok((active, bytes))
         }
         None => {
-            let text = policy::BUILTIN_TEXT;
-            let policy =
-                Policy::from_text(policy::BUILTIN_SOURCE, text).map_err(|e| e.to_string())?;
+            let text = BUILTIN_TEXT;
+            let policy = Policy::from_text(BUILTIN_SOURCE, text).map_err(|e| e.to_string())?;
             Ok((
                 ActivePolicy::new(policy, text.as_bytes()),
                 text.as_bytes().to_vec(),

@@ -308,10 +308,10 @@ pub async fn delete_all(client: &Client, objects: &[Value]) {
 /// The policy of `path` (the built-in one where None), every namespace name and glob it
 /// gives (the opt-out's, each profile's match and opt-out) under `prefix`: a glob and a
 /// name keep their match with the prefix on both.
-pub fn policy_under(path: Option<&std::path::Path>, prefix: &str) -> tollgate_core::policy::Policy {
+pub fn policy_under(path: Option<&std::path::Path>, prefix: &str) -> tollgate_core::Policy {
     let mut v: Value = match path {
         Some(p) => serde_saphyr::from_str(&std::fs::read_to_string(p).unwrap()).unwrap(),
-        None => serde_json::to_value(tollgate_core::policy::Policy::builtin()).unwrap(),
+        None => serde_json::to_value(tollgate_core::Policy::builtin()).unwrap(),
     };
     let under = |list: &mut Value| {
         for g in list.as_array_mut().into_iter().flatten() {
@@ -335,8 +335,7 @@ pub fn policy_under(path: Option<&std::path::Path>, prefix: &str) -> tollgate_co
         }
     }
     no_nulls(&mut v);
-    tollgate_core::policy::Policy::from_text("prefixed", &v.to_string())
-        .expect("the prefixed policy loads")
+    tollgate_core::Policy::from_text("prefixed", &v.to_string()).expect("the prefixed policy loads")
 }
 
 /// The label that narrows a [`registration`] to the namespaces (or, for the policy

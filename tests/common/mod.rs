@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tollgate::server::{ActivePolicy, AppState, Limits};
-use tollgate_core::policy::Policy;
+use tollgate_core::Policy;
 
 pub mod admission;
 pub mod apiserver;

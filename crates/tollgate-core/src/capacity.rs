@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::Node;
 use crate::quantity;
 
 /// The label that names a node, which every node has its own value of.
-pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+pub(crate) const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
 /// Taint keys under these prefixes are the node lifecycle's: they come and go.
 const LIFECYCLE_TAINTS: [&str; 2] = ["node.kubernetes.io/", "node.cloudprovider.kubernetes.io/"];

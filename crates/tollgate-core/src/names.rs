@@ -8,7 +8,7 @@
 
 /// A DNS subdomain (RFC 1123): dot-separated DNS labels, at most 253 characters. `what`
 /// names it in the message (`DeviceClass name`, `API group`).
-pub fn dns_subdomain(name: &str, what: &str) -> Result<(), String> {
+pub(crate) fn dns_subdomain(name: &str, what: &str) -> Result<(), String> {
     let ok = !name.is_empty() && name.len() <= 253 && name.split('.').all(|l| dns_label(l).is_ok());
     if ok {
         Ok(())
@@ -19,7 +19,7 @@ pub fn dns_subdomain(name: &str, what: &str) -> Result<(), String> {
 
 /// A DNS label (RFC 1123): lower-case letters, digits and '-', at most 63 characters,
 /// starting and ending with a letter or digit.
-pub fn dns_label(name: &str) -> Result<(), String> {
+pub(crate) fn dns_label(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 63
         && name
@@ -38,7 +38,7 @@ pub fn dns_label(name: &str) -> Result<(), String> {
 
 /// A label or annotation key: an optional DNS prefix and '/', then a name of at most 63
 /// characters, alphanumerics with `-`, `_`, `.` inside.
-pub fn qualified_name(key: &str) -> Result<(), String> {
+pub(crate) fn qualified_name(key: &str) -> Result<(), String> {
     let (prefix, name) = match key.rsplit_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
@@ -64,7 +64,7 @@ pub fn qualified_name(key: &str) -> Result<(), String> {
 }
 
 /// A label value: empty, or at most 63 characters, alphanumerics with `-`, `_`, `.` inside.
-pub fn label_value(v: &str) -> Result<(), String> {
+pub(crate) fn label_value(v: &str) -> Result<(), String> {
     let ok = v.is_empty()
         || (v.len() <= 63
             && v.bytes()

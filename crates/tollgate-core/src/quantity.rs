@@ -169,7 +169,7 @@ pub fn format_for(resource: &str, nano: i128) -> String {
 /// exact [`format_for`]): the exact quantity where it reads so (`64Mi`, `1Ti`, `500m`,
 /// `16`, `10G`), else in binary units as a sum of two (`1Ti + 64Mi`, not `1048640Mi`),
 /// else about so in the largest unit (`about 1.3Ti`).
-pub fn human(resource: &str, nano: i128) -> String {
+pub(crate) fn human(resource: &str, nano: i128) -> String {
     let exact = format_for(resource, nano);
     let digits = exact.chars().take_while(char::is_ascii_digit).count();
     if digits <= 4 || resource == "cpu" || nano <= 0 || nano % NANO != 0 {
@@ -217,12 +217,12 @@ pub fn human(resource: &str, nano: i128) -> String {
 /// The prefix of the extended resource name Kubernetes gives a DeviceClass without an
 /// `extendedResourceName` (KEP-5004): a pod asking for
 /// `deviceclass.resource.kubernetes.io/gpu.nvidia.com: 1` gets one device of that class.
-pub const IMPLICIT_DRA_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
+pub(crate) const IMPLICIT_DRA_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
 
 /// An extended resource: a fully-qualified name outside the kubernetes.io domains, or the
 /// implicit name of a DeviceClass. Extended resources cannot be overcommitted: request must
 /// equal limit.
-pub fn is_extended_resource(name: &str) -> bool {
+pub(crate) fn is_extended_resource(name: &str) -> bool {
     if name
         .strip_prefix(IMPLICIT_DRA_PREFIX)
         .is_some_and(|class| !class.is_empty())

@@ -44,7 +44,7 @@ const QUANTITY: &str = "io.k8s.apimachinery.pkg.api.resource.Quantity";
 const FORMATS: [&str; 5] = ["int32", "int64", "float", "double", "date-time"];
 
 /// The CRD of the cluster's TollgatePolicy: its spec is a whole policy file.
-pub fn policy_crd() -> Value {
+pub(crate) fn policy_crd() -> Value {
     let (spec, status) = schemas(Schema::Policy);
     crd(
         POLICY_KIND,
@@ -63,7 +63,7 @@ pub fn policy_crd() -> Value {
 }
 
 /// The CRD of a namespace's TollgateProfile: its spec is a profile's sections.
-pub fn profile_crd() -> Value {
+pub(crate) fn profile_crd() -> Value {
     let (spec, status) = schemas(Schema::Profile);
     crd(
         PROFILE_KIND,

@@ -10,6 +10,14 @@
 //! with the same text are equal, so they are skipped with one comparison of bytes; the
 //! walk descends only where the texts differ, and an operation's value is copied from the
 //! mutated pod's text as it stands.
+//!
+//! The patch is written from the typed pod, whose JSON can differ from the object the
+//! apiserver sent where the typed model reads an absent field as empty: [`anchor`] repairs
+//! a patch so that it applies to the object as sent.
+
+mod anchor;
+
+pub(crate) use anchor::to_sent_object;
 
 use std::fmt::Write as _;
 use std::io::{self, Write};
@@ -19,7 +27,7 @@ use serde::Serialize;
 use serde_json::ser::{CharEscape, CompactFormatter, Formatter};
 
 /// A value's JSON text (exactly what `serde_json::to_vec` writes) and an index of it.
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     text: Vec<u8>,
     nodes: Vec<Node>,
 }
@@ -44,7 +52,7 @@ struct Node {
 }
 
 impl Snapshot {
-    pub fn of<T: Serialize>(value: &T) -> serde_json::Result<Snapshot> {
+    pub(crate) fn of<T: Serialize>(value: &T) -> serde_json::Result<Snapshot> {
         let mut indexer = Indexer {
             text: Vec::with_capacity(4096),
             nodes: Vec::with_capacity(256),
@@ -63,7 +71,8 @@ impl Snapshot {
         })
     }
 
-    pub fn text(&self) -> &[u8] {
+    #[cfg(test)]
+    pub(crate) fn text(&self) -> &[u8] {
         &self.text
     }
 
@@ -91,7 +100,10 @@ impl Snapshot {
 /// elements by index, removals from the end shifting as there), over the two texts. A
 /// value is `after`'s JSON as serialised, so its object keys may come in another order
 /// than `Value` would write them; as JSON it is the same value.
-pub fn patch_text(before: &Snapshot, after: &Snapshot) -> serde_json::Result<Option<Vec<u8>>> {
+pub(crate) fn patch_text(
+    before: &Snapshot,
+    after: &Snapshot,
+) -> serde_json::Result<Option<Vec<u8>>> {
     if before.text == after.text {
         return Ok(None);
     }
