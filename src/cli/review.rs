@@ -1,9 +1,12 @@
-//! `tollgate review`: the engine offline, on the objects of a file or a directory, as a
-//! cluster with both webhooks would judge them.
+//! `tollgate review`: the engine offline, on the objects of files, directories and
+//! kustomizations, as a cluster with both webhooks would judge them.
 //!
-//! The input is taken as `kubectl apply -f` takes it: a file of one JSON document or any
-//! number of YAML documents (`---`), a `kind: List` among them expanded, or a directory of
-//! such files (`.yaml`, `.yml`, `.json`; `-R` goes into subdirectories). Pods, workloads
+//! The input is taken as `kubectl apply` takes it (`cli::kubectl::Manifests`: files named
+//! or given with `-f`, `-k DIR` built by `kubectl kustomize`): a file of one JSON document
+//! or any number of YAML documents (`---`), numbered in their file, a `kind: List` among
+//! them expanded, or a directory of such files (`.yaml`, `.yml`, `.json`; `-R` goes into
+//! subdirectories). What is not a Kubernetes object (a kustomization.yaml, a Helm values
+//! file, a directory's file that is no YAML) is listed as skipped, never fatal. Pods, workloads
 //! (the kinds of the policy's `workloads.kinds`: Jobs, Deployments, PyTorchJobs, ...) and
 //! AdmissionReviews are what is reviewed, in input order; ResourceClaims and
 //! ResourceClaimTemplates (`resource.k8s.io` v1, v1beta2 or v1beta1, read as v1) and
