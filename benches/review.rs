@@ -22,10 +22,10 @@ use std::path::PathBuf;
 
 use criterion::{criterion_group, Criterion};
 use serde_json::{json, Value};
-use tollgate_core::cluster::Objects;
-use tollgate_core::objects;
-use tollgate_core::policy::Policy;
-use tollgate_core::review::{review_bytes_with, Endpoint};
+
+use tollgate_core::{
+    compose_policy, file_layer, review_bytes_with, Candidate, Objects, Policy, Stage, Stored,
+};
 
 /// The allocator of the tollgate binary (src/main.rs), so that times are the server's.
 #[global_allocator]
@@ -41,21 +41,21 @@ fn policy() -> Policy {
     let file = std::env::var("TOLLGATE_BENCH_POLICY").unwrap_or("policies/default.yaml".into());
     let path = root().join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let file = objects::file_layer(&path.display().to_string(), &text).expect("the policy loads");
+    let file = file_layer(&path.display().to_string(), &text).expect("the policy loads");
     // `TOLLGATE_BENCH_OBJECTS=FILE`: TollgatePolicy and TollgateProfile objects composed over
     // it, as the server composes what it watches (e.g. benches/namespace-profiles.yaml).
-    let stored: Vec<objects::Stored> = match std::env::var("TOLLGATE_BENCH_OBJECTS") {
+    let stored: Vec<Stored> = match std::env::var("TOLLGATE_BENCH_OBJECTS") {
         Ok(objects_file) => {
             let path = root().join(objects_file);
             let text = std::fs::read_to_string(&path)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let docs: Vec<serde_json::Value> =
                 serde_saphyr::from_multiple(&text).expect("the objects read as YAML");
-            docs.iter().map(objects::Stored::from_object).collect()
+            docs.iter().map(Stored::from_object).collect()
         }
         Err(_) => vec![],
     };
-    let candidate = |s| objects::Candidate {
+    let candidate = |s| Candidate {
         stored: s,
         last_good: None,
     };
@@ -68,7 +68,7 @@ fn policy() -> Policy {
         .filter(|s| !s.namespace.is_empty())
         .map(candidate)
         .collect();
-    let composed = objects::compose(Some(&file), cluster, &profiles).expect("the policy loads");
+    let composed = compose_policy(Some(&file), cluster, &profiles).expect("the policy loads");
     if let Some(s) = composed.statuses.iter().find(|s| !s.ready) {
         panic!("{}", s.message);
     }
@@ -78,7 +78,7 @@ fn policy() -> Policy {
 /// One benchmark case: a name, the endpoint it goes to and the request body.
 struct Case {
     name: String,
-    endpoint: Endpoint,
+    endpoint: Stage,
     body: Vec<u8>,
 }
 
@@ -97,9 +97,9 @@ fn fixture_cases() -> Vec<Case> {
         .map(|file| {
             let name = file.trim_end_matches(".json").to_owned();
             let endpoint = if name.ends_with(".mutate") {
-                Endpoint::Mutate
+                Stage::Mutate
             } else {
-                Endpoint::Validate
+                Stage::Validate
             };
             let body = std::fs::read(dir.join(&file)).unwrap();
             // The file as it is (pretty-printed for reading), and as the apiserver sends it
@@ -175,12 +175,12 @@ fn large_cases() -> Vec<Case> {
     vec![
         Case {
             name: "large.mutate".into(),
-            endpoint: Endpoint::Mutate,
+            endpoint: Stage::Mutate,
             body: body.clone(),
         },
         Case {
             name: "large.validate".into(),
-            endpoint: Endpoint::Validate,
+            endpoint: Stage::Validate,
             body,
         },
     ]
@@ -228,12 +228,12 @@ fn trainjob_cases() -> Vec<Case> {
     vec![
         Case {
             name: "trainjob.mutate".into(),
-            endpoint: Endpoint::Mutate,
+            endpoint: Stage::Mutate,
             body: body.clone(),
         },
         Case {
             name: "trainjob.validate".into(),
-            endpoint: Endpoint::Validate,
+            endpoint: Stage::Validate,
             body,
         },
     ]
@@ -343,7 +343,7 @@ fn feasibility_context(o: &mut Objects, n: usize) {
             .expect("a Node")
         })
         .collect();
-    o.set_nodes(tollgate_core::capacity::Nodes::of(&nodes));
+    o.set_nodes(tollgate_core::Nodes::of(&nodes));
     for ns in ["ml", "ml-cap2-1796114155", "default"] {
         o.add_quota(
             serde_json::from_value(json!({
@@ -376,7 +376,7 @@ fn bench_review(c: &mut Criterion) {
             let r = review_bytes_with(case.endpoint, &policy, &cluster, &case.body).unwrap();
             assert_eq!(
                 r.steps().len(),
-                tollgate_core::mutate::Step::ALL.len(),
+                tollgate_core::Step::ALL.len(),
                 "the large pod must go through every mutation step: {:?}",
                 r.steps()
             );
@@ -385,8 +385,7 @@ fn bench_review(c: &mut Criterion) {
         if case.name.starts_with("dra-trainer.mutate") {
             let r = review_bytes_with(case.endpoint, &policy, &cluster, &case.body).unwrap();
             assert!(
-                r.steps()
-                    .contains(&tollgate_core::mutate::Step::Tolerations),
+                r.steps().contains(&tollgate_core::Step::Tolerations),
                 "dra-trainer gets its GPU toleration through the template: {:?}",
                 r.steps()
             );

@@ -1,10 +1,131 @@
 //! Finding the cluster: the kubeconfig as `kubectl` reads it, else the in-cluster
-//! configuration. `register`, the server's cluster context and `audit` share it.
+//! configuration, chosen by kubectl's `--kubeconfig` and `--context` ([`ClusterFlags`]).
+//! `register`, the server's cluster context and the commands share it; and the words a
+//! client error is said in ([`words`]), connection failures said once with the API
+//! server's URL and then at most once a minute ([`unreachable`]).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
+
+/// `--kubeconfig` and `--context`: which cluster, as kubectl finds it; every command that
+/// reads a cluster flattens it (`#[command(flatten)]`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ClusterFlags {
+    /// Kubeconfig [default: $KUBECONFIG, ~/.kube/config, else the in-cluster
+    /// configuration].
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context [default: its current context].
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+}
+
+impl ClusterFlags {
+    /// The client configuration, as kubectl finds it; `hint` says what to do without one.
+    pub async fn config(&self, hint: &str) -> Result<kube::Config> {
+        let sources = KubeconfigSources::from_process_env(self.kubeconfig.clone());
+        load_client_config(&sources, self.context.as_deref(), hint).await
+    }
+}
+
+/// A client error in words, never a Debug dump: what the API server said of an API error
+/// (its status's message: `pods is forbidden: User "alice" cannot list ...`), else the
+/// innermost cause (`Connection refused (os error 111)`), not the layers of client
+/// machinery around it.
+pub fn words(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if !s.message.is_empty() => s.message.clone(),
+        kube::Error::Api(s) => format!("{} {}", s.code, s.reason),
+        other => innermost(other),
+    }
+}
+
+/// A watch's error in words (what the API server said, or the innermost cause), and
+/// whether it never reached the API server.
+pub fn watch_words(e: &kube::runtime::watcher::Error) -> (String, bool) {
+    match e {
+        kube::runtime::watcher::Error::InitialListFailed(k) => {
+            (format!("listing: {}", words(k)), is_unreachable(k))
+        }
+        kube::runtime::watcher::Error::WatchStartFailed(k)
+        | kube::runtime::watcher::Error::WatchFailed(k) => {
+            (format!("watching: {}", words(k)), is_unreachable(k))
+        }
+        kube::runtime::watcher::Error::WatchError(s) => (format!("watching: {}", s.message), false),
+        other => (other.to_string(), false),
+    }
+}
+
+/// The deepest cause of an error.
+pub fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+/// Whether the request never reached the API server (no connection, TLS failed): what
+/// [`unreachable`] says once for every watch and poll at once.
+pub fn is_unreachable(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::HyperError(_) | kube::Error::Service(_))
+}
+
+/// The API server this process's cluster context and Leases talk to, for the messages of
+/// [`unreachable`].
+static API_SERVER: OnceLock<String> = OnceLock::new();
+
+/// Connection failures since the last said, and when that was.
+static UNREACHABLE: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
+
+/// How often a server still unable to reach the API server says so.
+pub const UNREACHABLE_EVERY: Duration = Duration::from_secs(60);
+
+/// Names the API server the server talks to (its first client's URL).
+pub fn set_api_server(url: &str) {
+    let _ = API_SERVER.set(url.to_owned());
+}
+
+/// A connection failure (`detail`, in words) of any watch, poll or write to the API
+/// server: the line to log, or None while it was said less than a minute ago. Every cache
+/// retries on its own; a server that cannot reach the API server says so once with the URL,
+/// then once a minute with how many requests failed since, rather than once a request.
+pub fn unreachable(detail: &str) -> Option<String> {
+    let mut last = UNREACHABLE.lock().unwrap_or_else(|p| p.into_inner());
+    let url = API_SERVER.get().map_or("(unknown)", String::as_str);
+    match &mut *last {
+        Some((at, count)) if at.elapsed() < UNREACHABLE_EVERY => {
+            *count += 1;
+            None
+        }
+        Some((at, count)) => {
+            let line = format!(
+                "still cannot reach the API server at {url}: {detail} ({} failed requests in the last {} s); retrying",
+                *count + 1,
+                at.elapsed().as_secs()
+            );
+            *last = Some((Instant::now(), 0));
+            Some(line)
+        }
+        None => {
+            *last = Some((Instant::now(), 0));
+            Some(format!(
+                "cannot reach the API server at {url}: {detail}; every watch retries, and this is said again at most once a minute"
+            ))
+        }
+    }
+}
+
+/// The API server answered again: the next failure is said at once.
+pub fn reached() {
+    if let Ok(mut last) = UNREACHABLE.try_lock() {
+        *last = None;
+    }
+}
 
 /// Where the kubeconfig may come from, gathered from the process's environment by
 /// [`KubeconfigSources::from_process_env`] (or built by hand in tests).

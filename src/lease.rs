@@ -134,7 +134,17 @@ impl Elector {
         loop {
             let holds = match self.try_once().await {
                 Ok(holds) => holds,
+                Err(e) if crate::kubeconfig::is_unreachable(&e) => {
+                    // Said once for every watch and Lease, with the URL.
+                    let said = crate::kubeconfig::words(&e);
+                    if let Some(line) = crate::kubeconfig::unreachable(&said) {
+                        warn!("{line}");
+                    }
+                    self.renewed
+                        .is_some_and(|t| t.elapsed() < self.opts.duration)
+                }
                 Err(e) => {
+                    let e = crate::kubeconfig::words(&e);
                     warn!(lease = %self.opts.name, error = %e, "{}: could not read or write the Lease", self.opts.purpose.name());
                     // Still the holder until the lease could have passed to someone else.
                     self.renewed
@@ -251,6 +261,7 @@ impl Elector {
         {
             Ok(_) => info!(lease = %self.opts.name, "{} released", self.opts.purpose.name()),
             Err(e) => {
+                let e = crate::kubeconfig::words(&e);
                 warn!(lease = %self.opts.name, error = %e, "{}: could not release", self.opts.purpose.name())
             }
         }

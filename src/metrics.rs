@@ -10,12 +10,10 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::cluster::ResourceStatus;
-use tollgate_core::mutate::Step;
-use tollgate_core::objects::{POLICY_KIND, PROFILE_KIND};
-use tollgate_core::optout::OptOut;
-use tollgate_core::policy::{Policy, BASE_PROFILE};
-use tollgate_core::review::{Endpoint, Outcome, Reviewed};
-use tollgate_core::validate::Verdict;
+use tollgate_core::{
+    OptOut, Outcome, Policy, Reviewed, Stage, Step, Verdict, BASE_PROFILE, POLICY_KIND,
+    PROFILE_KIND,
+};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReviewLabels {
@@ -225,6 +223,10 @@ impl Default for Metrics {
         Self::new()
     }
 }
+
+/// `tollgate_denials_total`'s reason for a TollgatePolicy or TollgateProfile the
+/// validating webhook refused (out of bounds, or not loadable).
+pub const POLICY_OBJECT_DENIED: &str = "invalid_policy_object";
 
 impl Metrics {
     pub fn new() -> Self {
@@ -510,12 +512,14 @@ impl Metrics {
             let _ = self.policy_reloads.get_or_create(&ResultLabels { result });
             let _ = self.cert_reloads.get_or_create(&ResultLabels { result });
         }
-        for e in [Endpoint::Mutate, Endpoint::Validate] {
+        for e in Stage::WEBHOOKS {
             // Only the results each endpoint can give: mutation never denies, validation
             // never patches.
             let results = match e {
-                Endpoint::Mutate => [Outcome::Allowed, Outcome::Patched, Outcome::Error],
-                Endpoint::Validate => [Outcome::Allowed, Outcome::Denied, Outcome::Error],
+                Stage::Mutate => [Outcome::Allowed, Outcome::Patched, Outcome::Error],
+                Stage::Validate => [Outcome::Allowed, Outcome::Denied, Outcome::Error],
+                // No endpoint answers for both: `tollgate review` runs them, never the server.
+                Stage::All => continue,
             };
             let endpoint = e.as_str();
             let _ = self.duration.get_or_create(&EndpointLabels { endpoint });
@@ -593,7 +597,9 @@ impl Metrics {
                 .inc();
         }
         if r.outcome == Outcome::Denied {
-            let reason = r.verdict().map_or("unknown", |v| v.as_str());
+            // Pods and workloads are denied by validation's verdict; a TollgatePolicy or
+            // TollgateProfile (the one kind denied without one) by its bounds or its load.
+            let reason = r.verdict().map_or(POLICY_OBJECT_DENIED, |v| v.as_str());
             self.denials.get_or_create(&ReasonLabels { reason }).inc();
         }
         let decision = match r.opt_out() {
@@ -684,7 +690,7 @@ impl Metrics {
                 std::iter::once(n.to_owned()).chain(with_ns)
             })
             .collect();
-        for endpoint in [Endpoint::Mutate.as_str(), Endpoint::Validate.as_str()] {
+        for endpoint in [Stage::Mutate.as_str(), Stage::Validate.as_str()] {
             for profile in &names {
                 let _ = self.profile_reviews.get_or_create(&ProfileLabels {
                     endpoint,

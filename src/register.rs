@@ -9,10 +9,13 @@
 //! and needs no cluster.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use crate::kubeconfig::ClusterFlags;
+#[cfg(test)]
 use crate::kubeconfig::{load_client_config, KubeconfigSources};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
@@ -72,7 +75,14 @@ pub struct RegisterArgs {
     #[arg(long, value_name = "NAME", default_value = BASE_SERVICE)]
     pub service: String,
 
-    /// Namespace of that Service. It is also excluded from enforcement, like kube-system.
+    /// tollgate outside the cluster (local development): the apiserver calls this HTTPS
+    /// URL (`https://HOST:PORT`, with /mutate and /validate added) instead of a Service;
+    /// the serving certificate must be for HOST and signed by --ca-file.
+    #[arg(long, value_name = "URL", conflicts_with = "service")]
+    pub url: Option<String>,
+
+    /// tollgate's namespace, the Service's too: excluded from enforcement, like
+    /// kube-system. Not kubectl's -n: the namespace tollgate runs in.
     #[arg(long, value_name = "NS", default_value = BASE_NAMESPACE)]
     pub namespace: String,
 
@@ -89,13 +99,8 @@ pub struct RegisterArgs {
     #[arg(long, value_enum, value_name = "POLICY")]
     pub failure_policy_validate: Option<FailurePolicy>,
 
-    /// Kubeconfig file to use instead of $KUBECONFIG or ~/.kube/config.
-    #[arg(long, value_name = "PATH")]
-    pub kubeconfig: Option<PathBuf>,
-
-    /// Kubeconfig context to use instead of the current context.
-    #[arg(long, value_name = "NAME")]
-    pub context: Option<String>,
+    #[command(flatten)]
+    pub cluster: ClusterFlags,
 }
 
 impl RegisterArgs {
@@ -108,8 +113,8 @@ impl RegisterArgs {
             dry_run: false,
             failure_policy_mutate: None,
             failure_policy_validate: None,
-            kubeconfig: None,
-            context: None,
+            url: None,
+            cluster: ClusterFlags::default(),
         }
     }
 }
@@ -137,6 +142,9 @@ pub fn base_configurations() -> Result<WebhookConfigurations> {
 pub fn build(args: &RegisterArgs, ca_bundle: &[u8]) -> Result<WebhookConfigurations> {
     validate_dns_label(&args.service, "--service")?;
     validate_dns_label(&args.namespace, "--namespace")?;
+    if let Some(url) = &args.url {
+        check_url(url)?;
+    }
     let mut configs = base_configurations()?;
     for webhook in configs.mutating.webhooks.iter_mut().flatten() {
         point_at(&mut webhook.client_config, args, ca_bundle);
@@ -177,10 +185,40 @@ pub fn validating_namespace_selector(namespace: &str) -> Result<LabelSelector> {
 
 fn point_at(client_config: &mut WebhookClientConfig, args: &RegisterArgs, ca_bundle: &[u8]) {
     client_config.ca_bundle = Some(ByteString(ca_bundle.to_vec()));
+    if let Some(url) = &args.url {
+        // The Service's path (/mutate, /validate) after the URL: the same routes.
+        let path = client_config
+            .service
+            .take()
+            .and_then(|s| s.path)
+            .unwrap_or_default();
+        client_config.url = Some(format!("{}{path}", url.trim_end_matches('/')));
+        return;
+    }
     if let Some(service) = client_config.service.as_mut() {
         service.name.clone_from(&args.service);
         service.namespace.clone_from(&args.namespace);
     }
+}
+
+/// A webhook URL the apiserver takes (admissionregistration's validation): `https`, a host,
+/// no user, query or fragment.
+fn check_url(url: &str) -> Result<()> {
+    let bad = |why: &str| anyhow!("--url {url:?}: {why}");
+    let rest = url
+        .strip_prefix("https://")
+        .ok_or_else(|| bad("the API server calls webhooks over HTTPS only: https://HOST:PORT"))?;
+    let host = rest.split('/').next().unwrap_or("");
+    if host.is_empty() {
+        return Err(bad("no host"));
+    }
+    if host.contains('@') {
+        return Err(bad("a webhook URL may not carry a user"));
+    }
+    if rest.contains(['?', '#']) {
+        return Err(bad("a webhook URL may not carry a query or fragment"));
+    }
+    Ok(())
 }
 
 /// The base excludes `tollgate-system` by name; a release in another namespace excludes
@@ -270,8 +308,12 @@ const HINT: &str = "set KUBECONFIG or pass --kubeconfig, or use --dry-run to pri
 /// Runs `tollgate register`, printing the YAML (`--dry-run`) or what was applied.
 pub async fn run(args: &RegisterArgs) -> Result<()> {
     let output = execute(args).await?;
-    print!("{output}");
-    Ok(())
+    // A reader that went away (`| head`) took what it wanted.
+    let mut out = std::io::stdout().lock();
+    match out.write_all(output.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
 }
 
 /// Does what [`run`] does and returns what it would print.
@@ -281,8 +323,7 @@ pub async fn execute(args: &RegisterArgs) -> Result<String> {
     if args.dry_run {
         return to_yaml(&configs);
     }
-    let sources = KubeconfigSources::from_process_env(args.kubeconfig.clone());
-    let config = load_client_config(&sources, args.context.as_deref(), HINT).await?;
+    let config = args.cluster.config(HINT).await?;
     let cluster = config.cluster_url.to_string();
     let client = kube::Client::try_from(config)
         .with_context(|| format!("creating a client for the API server at {cluster}"))?;
@@ -329,10 +370,15 @@ fn object_name(name: Option<&str>) -> Result<&str> {
 
 /// Turns a client error into one that says what to do about it.
 pub fn explain(err: kube::Error, resource: &str, name: &str, cluster: &str) -> anyhow::Error {
+    let applying = format!("applying {resource}.admissionregistration.k8s.io/{name} at {cluster}");
     let kube::Error::Api(status) = &err else {
-        return anyhow::Error::new(err).context(format!(
-            "applying {resource}.admissionregistration.k8s.io/{name} at {cluster}"
-        ));
+        if crate::kubeconfig::is_unreachable(&err) {
+            return anyhow!(
+                "cannot reach the API server at {cluster}: {}",
+                crate::kubeconfig::words(&err)
+            );
+        }
+        return anyhow!("{applying}: {}", crate::kubeconfig::words(&err));
     };
     let said = &status.message;
     match status.code {
@@ -347,9 +393,9 @@ pub fn explain(err: kube::Error, resource: &str, name: &str, cluster: &str) -> a
              `kubectl auth can-i patch {resource}.admissionregistration.k8s.io`; the API \
              server said: {said}"
         ),
-        _ => anyhow::Error::new(err).context(format!(
-            "applying {resource}.admissionregistration.k8s.io/{name} at {cluster}"
-        )),
+        // The API server's own words (`... is invalid: webhooks[0].clientConfig.url: ...`),
+        // with its code and reason: never the client's Debug dump of the Status.
+        code => anyhow!("{applying}: {code} {}: {said}", status.reason),
     }
 }
 
@@ -432,6 +478,68 @@ mod tests {
     }
 
     #[test]
+    fn a_url_replaces_the_service() {
+        let ca = test_ca();
+        let mut args = RegisterArgs::new("unused");
+        args.url = Some("https://192.168.1.10:8443/".into());
+        let configs = build(&args, ca.as_bytes()).unwrap();
+        let urls: Vec<&str> = configs
+            .mutating
+            .webhooks
+            .iter()
+            .flatten()
+            .map(|w| &w.client_config)
+            .chain(
+                configs
+                    .validating
+                    .webhooks
+                    .iter()
+                    .flatten()
+                    .map(|w| &w.client_config),
+            )
+            .map(|c| {
+                assert!(c.service.is_none());
+                assert_eq!(c.ca_bundle.as_ref().unwrap().0, ca.as_bytes());
+                c.url.as_deref().unwrap()
+            })
+            .collect();
+        assert_eq!(
+            urls,
+            [
+                "https://192.168.1.10:8443/mutate",
+                "https://192.168.1.10:8443/validate",
+                "https://192.168.1.10:8443/validate"
+            ]
+        );
+        for bad in ["http://x:8443", "https://u@x", "https://x?a=b", "https://"] {
+            args.url = Some(bad.into());
+            let err = build(&args, ca.as_bytes()).unwrap_err().to_string();
+            assert!(err.starts_with("--url"), "{err}");
+        }
+    }
+
+    #[test]
+    fn an_api_error_is_said_in_the_api_servers_words() {
+        let status = kube::core::Status::failure(
+            "ValidatingWebhookConfiguration.admissionregistration.k8s.io \"tollgate\" is invalid: webhooks[0].clientConfig.url: Invalid value",
+            "Invalid",
+        )
+        .with_code(422);
+        let msg = explain(
+            kube::Error::Api(status.boxed()),
+            "validatingwebhookconfigurations",
+            "tollgate",
+            "https://k8s:6443/",
+        )
+        .to_string();
+        assert_eq!(
+            msg,
+            "applying validatingwebhookconfigurations.admissionregistration.k8s.io/tollgate at https://k8s:6443/: 422 Invalid: ValidatingWebhookConfiguration.admissionregistration.k8s.io \"tollgate\" is invalid: webhooks[0].clientConfig.url: Invalid value"
+        );
+        assert!(!msg.contains("Status {"), "{msg}");
+    }
+
+    #[test]
     fn bad_names_are_refused() {
         let mut args = RegisterArgs::new("unused");
         args.namespace = "Tollgate_System".into();
@@ -468,7 +576,7 @@ mod tests {
         let mut args = RegisterArgs::new(&ca_file);
         args.dry_run = true;
         // A kubeconfig that does not exist must not matter for a dry run.
-        args.kubeconfig = Some(dir.path().join("missing"));
+        args.cluster.kubeconfig = Some(dir.path().join("missing"));
         let yaml = execute(&args).await.unwrap();
         let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&yaml).unwrap();
         assert_eq!(docs.len(), 2);
@@ -512,7 +620,7 @@ mod tests {
         let ca_file = dir.path().join("ca.crt");
         std::fs::write(&ca_file, test_ca()).unwrap();
         let mut args = RegisterArgs::new(&ca_file);
-        args.kubeconfig = Some(dir.path().join("missing-kubeconfig"));
+        args.cluster.kubeconfig = Some(dir.path().join("missing-kubeconfig"));
         let msg = format!("{:#}", execute(&args).await.unwrap_err());
         assert!(msg.starts_with("no kubeconfig found"), "{msg}");
         assert!(msg.contains("--kubeconfig"), "{msg}");

@@ -38,9 +38,15 @@ static DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
 /// second of a stuck standard error at 10,000 reviews a second.
 const BUFFERED_LINES: usize = 8_192;
 
-/// Installs the global subscriber. `RUST_LOG` overrides the default level (info).
+/// The default filter: info, without kube-client's own line for every failed request
+/// (`failed with error client error (Connect)`, without the URL, once a retry): tollgate
+/// says each failure itself, in words, a connection failure once a minute.
+const DEFAULT_FILTER: &str = "info,kube_client::client::builder=off";
+
+/// Installs the global subscriber. `RUST_LOG` overrides the default filter.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let (writer, guard) = NonBlockingBuilder::default()
         .lossy(true)
         .buffered_lines_limit(BUFFERED_LINES)

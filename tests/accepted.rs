@@ -12,8 +12,6 @@
 use crate::common;
 use crate::common::apiserver::{self, Verdict};
 
-use serde_json::Value;
-
 /// The kinds this apiserver serves and validates.
 const BUILT_IN: &[&str] = &["v1", "batch/v1", "apps/v1"];
 
@@ -25,17 +23,14 @@ async fn every_mutated_golden_is_accepted_by_the_apiserver() {
     let ns = cp.namespace("accepted", &[]).await;
     let mut cases = vec![];
     let mut not_sent = vec![];
-    for dir in common::golden_dirs() {
-        let Ok(text) = std::fs::read_to_string(dir.join("mutated.yaml")) else {
+    for case in common::golden::cases() {
+        let Some(mutated) = case.mutated() else {
             continue;
         };
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let mutated: Value =
-            serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{name}/mutated.yaml: {e}"));
         if BUILT_IN.contains(&mutated["apiVersion"].as_str().unwrap_or("")) {
-            cases.push((name.clone(), sent(&dir), mutated));
+            cases.push((case.name.clone(), case.object().clone(), mutated));
         } else {
-            not_sent.push(name);
+            not_sent.push(case.name);
         }
     }
     cases.sort_by(|a, b| a.0.cmp(&b.0));
@@ -83,18 +78,4 @@ async fn every_mutated_golden_is_accepted_by_the_apiserver() {
         refused.len(),
         refused.join("\n")
     );
-}
-
-/// The object the case sends: the review's, or the pod or workload file's.
-fn sent(dir: &std::path::Path) -> Value {
-    if let Ok(text) = std::fs::read_to_string(dir.join("review.json")) {
-        let review: Value = serde_json::from_str(&text).unwrap();
-        return review["request"]["object"].clone();
-    }
-    let file = ["pod.yaml", "workload.yaml"]
-        .iter()
-        .map(|f| dir.join(f))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("{}: no input", dir.display()));
-    serde_saphyr::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
 }

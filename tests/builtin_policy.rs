@@ -3,8 +3,6 @@
 
 use crate::common;
 
-use std::process::Command;
-
 use common::net::Client;
 use common::process;
 use sha2::{Digest, Sha256};
@@ -15,7 +13,7 @@ use common::NOTEBOOK;
 fn review_elsewhere(args: &[&str], pod: &str) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("pod.yaml"), pod).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    let out = common::bin::command()
         .arg("review")
         .args(args)
         .arg("pod.yaml")
@@ -53,7 +51,7 @@ fn a_policy_file_wins_over_the_built_in_one() {
 #[test]
 fn the_built_in_policy_is_the_shipped_file() {
     let shipped = std::fs::read_to_string(common::default_policy_path()).unwrap();
-    assert_eq!(tollgate_core::policy::BUILTIN_TEXT, shipped);
+    assert_eq!(tollgate_core::BUILTIN_TEXT, shipped);
 }
 
 #[tokio::test]
@@ -64,7 +62,7 @@ async fn serve_runs_the_built_in_policy_without_a_policy_file() {
     let mut c = Client::connect(served.addr, &served.ca_pem, false).await;
     let (status, body) = c.request("GET", "/readyz", vec![]).await.unwrap();
     assert_eq!(status, 200);
-    let hash: String = Sha256::digest(tollgate_core::policy::BUILTIN_TEXT.as_bytes())[..8]
+    let hash: String = Sha256::digest(tollgate_core::BUILTIN_TEXT.as_bytes())[..8]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();

@@ -2,25 +2,9 @@
 
 use crate::common;
 
-use std::io::Write as _;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
-fn tollgate(args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(args)
-        .current_dir(common::root())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    if let Some(bytes) = stdin {
-        input.write_all(bytes).unwrap();
-    }
-    drop(input);
-    child.wait_with_output().unwrap()
-}
+use common::bin::run as tollgate;
 
 const TRAINING_POD: &str = "apiVersion: v1
 kind: Pod
@@ -114,7 +98,7 @@ fn a_pod_without_requests_is_denied_with_exit_1_and_json_output() {
         Some(NOTEBOOK.as_bytes()),
     );
     assert_eq!(out.status.code(), Some(1));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     assert_eq!(v["decision"], "denied");
     assert!(v["message"]
         .as_str()
@@ -367,7 +351,7 @@ spec:
     let file = format!("{pod}---\n{template}");
     let out = tollgate(&["review", "--output", "json", "-"], Some(file.as_bytes()));
     assert_eq!(out.status.code(), Some(0));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     let tolerations = &v["mutatedPod"]["spec"]["tolerations"];
     assert_eq!(tolerations[0]["key"], "nvidia.com/gpu", "{v}");
     assert!(
@@ -377,7 +361,7 @@ spec:
 
     // Without the template the claim is unknown: no toleration, a warning that says so.
     let out = tollgate(&["review", "--output", "json", "-"], Some(pod.as_bytes()));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     assert!(v["mutatedPod"]["spec"]["tolerations"].is_null(), "{v}");
     assert!(v["warnings"][0]
         .as_str()
@@ -448,7 +432,7 @@ fn review_names_the_profile_and_takes_namespace_labels() {
                 .as_bytes(),
         ),
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     assert_eq!(v["profile"], "by-name", "{v}");
 
     // No labels known: no profile, the base enforces.
@@ -710,7 +694,7 @@ spec:
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     // One pod: the one result, naming its file; the v1beta1 template beside it, written
     // without a namespace, is in the pod's: the pod gets its GPU toleration.
     assert!(v["file"].as_str().unwrap().ends_with("a-pod.yaml"), "{v}");
@@ -754,7 +738,7 @@ spec:
 ";
     let out = tollgate(&["review", "--output", "json", "-"], Some(pod.as_bytes()));
     assert_eq!(out.status.code(), Some(1));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     let message = v["message"].as_str().unwrap();
     assert!(
         message.contains("has no request for cpu and memory"),
@@ -794,7 +778,7 @@ fn yaml_is_read_as_kubectl_reads_it() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     assert_eq!(v["allowed"], false, "{v:#}");
     let spec = &v["mutatedObject"]["spec"]["template"]["spec"];
     assert_eq!(spec["volumes"][0]["configMap"]["defaultMode"], 420, "{v:#}");
@@ -929,7 +913,7 @@ fn a_raycluster_with_yaml_1_1_octal_has_every_template_judged() {
         ],
         None,
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = only_result(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{v:#}");
     let decisions: Vec<&str> = v["templates"]
         .as_array()
@@ -1052,12 +1036,7 @@ fn review_judges_a_namespace_with_the_profile_in_its_input_and_no_other() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| {
-            (
-                r["kind"].as_str().unwrap_or("Pod"),
-                r["decision"].as_str().unwrap(),
-            )
-        })
+        .map(|r| (r["kind"].as_str().unwrap(), r["decision"].as_str().unwrap()))
         .collect();
     assert_eq!(
         decisions,
@@ -1099,7 +1078,7 @@ fn review_fails_a_profile_out_of_bounds_naming_the_field_and_the_bound() {
         Some(OUT_OF_BOUNDS.as_bytes()),
     );
     assert_eq!(alone.status.code(), Some(1), "{}", stderr(&alone));
-    let v: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
+    let v = only_result(&alone.stdout);
     assert_eq!(v["decision"], "denied");
     assert_eq!(v["reason"], "OutOfBounds");
     assert!(
@@ -1342,4 +1321,352 @@ spec:
     assert!(!line("team-a").contains("not reviewed"), "{text}");
     assert!(line("team-a").contains("denied"), "no requests: {text}");
     assert!(line("team-b").contains("not reviewed"), "{text}");
+}
+
+/// `review -o json`'s one result, for an input of one object: the output is a list
+/// whatever the number of objects, each result with its kind and name.
+fn only_result(stdout: &[u8]) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_slice(stdout).unwrap();
+    let results = v
+        .as_array()
+        .unwrap_or_else(|| panic!("a list of results: {v:#}"));
+    assert_eq!(results.len(), 1, "{v:#}");
+    let one = results[0].clone();
+    assert!(
+        one["kind"].is_string() && one["name"].is_string(),
+        "{one:#}"
+    );
+    one
+}
+
+/// A GitOps folder as it is: manifests beside a kustomization.yaml, a Helm values file
+/// and a Helm template that is no YAML at all.
+fn gitops_folder() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+    write(
+        "kustomization.yaml",
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [job.yaml, notebook.yaml]\n",
+    );
+    write("values.yaml", "replicaCount: 2\nimage:\n  tag: v1\n");
+    write(
+        "job.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\n---\n\
+         apiVersion: batch/v1\nkind: Job\nmetadata: {name: train}\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n        - name: t\n          image: t\n          resources: {requests: {cpu: \"1\", memory: 1Gi}}\n",
+    );
+    write("notebook.yaml", NOTEBOOK);
+    write(
+        "chart-template.yaml",
+        "{{- if .Values.enabled }}\nkind: {{ .Values.kind }\n",
+    );
+    dir
+}
+
+/// `tollgate review` as kubectl takes files: several, positional or with `-f` (repeated),
+/// `-n` placing objects written without a namespace, `-o json` a list of results each with
+/// its kind, name and where it came from, documents numbered in their own file.
+#[test]
+fn review_takes_files_as_kubectl_does() {
+    let dir = gitops_folder();
+    let file = |name: &str| dir.path().join(name).display().to_string();
+    let (job, notebook) = (file("job.yaml"), file("notebook.yaml"));
+    let flags = tollgate(
+        &[
+            "review", "-n", "ml", "-o", "json", "-f", &job, "-f", &notebook,
+        ],
+        None,
+    );
+    let positional = tollgate(
+        &[
+            "review",
+            &job,
+            &notebook,
+            "--namespace",
+            "ml",
+            "--output",
+            "json",
+        ],
+        None,
+    );
+    assert_eq!(flags.status.code(), Some(1), "{}", stderr(&flags));
+    assert_eq!(flags.stdout, positional.stdout);
+    let v: serde_json::Value = serde_json::from_slice(&flags.stdout).unwrap();
+    let results: Vec<(&str, &str, &str, &str, u64, &str)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["kind"].as_str().unwrap(),
+                r["namespace"].as_str().unwrap(),
+                r["name"].as_str().unwrap(),
+                r["file"].as_str().unwrap().rsplit('/').next().unwrap(),
+                r["document"].as_u64().unwrap(),
+                r["decision"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        results,
+        [
+            ("ConfigMap", "ml", "settings", "job.yaml", 1, "skipped"),
+            ("Job", "ml", "train", "job.yaml", 2, "allowed"),
+            ("Pod", "ml", "notebook", "notebook.yaml", 1, "denied"),
+        ]
+    );
+    // One object: a list of one all the same.
+    let one = tollgate(&["review", "-o", "json", &notebook], None);
+    assert_eq!(only_result(&one.stdout)["kind"], "Pod");
+    // A document the apiserver could not decode is named by its number in its own file.
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        format!("{NOTEBOOK}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: b}}\nspec: {{containers: 7}}\n"),
+    )
+    .unwrap();
+    let out = tollgate(&["review", &job, bad.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("bad.yaml: document 2: Pod \"b\""), "{err}");
+}
+
+/// A GitOps folder is reviewed whole: its kustomization.yaml, its values file and a file
+/// that is no YAML at all are listed as skipped, never fatal; what it holds of Kubernetes
+/// objects is judged.
+#[test]
+fn a_gitops_folder_is_reviewed_without_a_fatal_error() {
+    let dir = gitops_folder();
+    let out = tollgate(&["review", dir.path().to_str().unwrap()], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}{}", stderr(&out));
+    for line in [
+        "chart-template.yaml: skipped: not a manifest: neither JSON nor YAML",
+        "kustomization.yaml: document 1: skipped: a kustomization, not an object: review what it builds with -k DIR",
+        "values.yaml: document 1: skipped: not a Kubernetes object (no apiVersion and kind)",
+        "job.yaml: job default/train: allowed",
+        "notebook.yaml: pod default/notebook: denied",
+    ] {
+        assert!(text.contains(line), "{line}\n{text}");
+    }
+    let json = tollgate(
+        &["review", "-o", "json", dir.path().to_str().unwrap()],
+        None,
+    );
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let skipped = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["decision"] == "skipped" && r["kind"] == "")
+        .count();
+    assert_eq!(skipped, 3, "{v:#}");
+    // Nothing but what is no object: nothing to review, said with why.
+    let values = dir.path().join("values.yaml");
+    let out = tollgate(&["review", values.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("values.yaml: document 1: not a Kubernetes object"));
+}
+
+/// `-k DIR` reviews what `kubectl kustomize DIR` builds, as `kubectl apply -k` applies it
+/// (the kustomization's namespace and name prefix on every object); without kubectl on
+/// PATH it says what is missing.
+#[test]
+fn review_k_builds_the_kustomization_with_kubectl() {
+    let Some(kubectl) = common::tools::kubectl() else {
+        return;
+    };
+    let dir = gitops_folder();
+    let k = dir.path().join("kustomization.yaml");
+    std::fs::write(
+        &k,
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: team-a\nnamePrefix: dev-\nresources: [job.yaml, notebook.yaml]\n",
+    )
+    .unwrap();
+    let kubectl_dir = std::fs::canonicalize(&kubectl)
+        .ok()
+        .and_then(|p| p.parent().map(std::path::Path::to_path_buf));
+    let path = std::env::join_paths(kubectl_dir.into_iter().chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .unwrap();
+    let out = common::bin::command()
+        .args(["review", "-o", "json", "-k", dir.path().to_str().unwrap()])
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {}/{}: {}",
+                r["kind"], r["namespace"], r["name"], r["decision"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "\"ConfigMap\" \"team-a\"/\"dev-settings\": \"skipped\"",
+            "\"Job\" \"team-a\"/\"dev-train\": \"allowed\"",
+            "\"Pod\" \"team-a\"/\"dev-notebook\": \"denied\"",
+        ]
+    );
+
+    let without = common::bin::command()
+        .args(["review", "-k", dir.path().to_str().unwrap()])
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    assert_eq!(without.status.code(), Some(2));
+    assert!(
+        stderr(&without).contains("building a kustomization needs kubectl on PATH"),
+        "{}",
+        stderr(&without)
+    );
+}
+
+/// Every command speaks kubectl's flags where they fit, spelled as kubectl spells them:
+/// `-o`, `-n`/`-A`, `-f`/`-k`, `--kubeconfig`/`--context`.
+#[test]
+fn every_command_takes_kubectls_flags_where_they_fit() {
+    let takes = |cmd: &[&str], flags: &[&str]| {
+        let out = tollgate(&[cmd, &["--help"]].concat(), None);
+        let help = String::from_utf8_lossy(&out.stdout);
+        for flag in flags {
+            assert!(
+                help.contains(&format!("{flag},")) || help.contains(&format!("{flag} ")),
+                "tollgate {} lacks {flag}:\n{help}",
+                cmd.join(" ")
+            );
+        }
+    };
+    let files = ["-f", "--filename", "-k", "--kustomize", "-R"];
+    takes(&["review"], &["-o", "--output", "-n", "--namespace"]);
+    takes(&["review"], &files);
+    takes(&["audit"], &["-o", "-n", "-A", "--kubeconfig", "--context"]);
+    takes(&["audit"], &files);
+    takes(&["policy"], &["-o", "-n"]);
+    takes(&["policy"], &files);
+    takes(&["export", "validating-admission-policy"], &files);
+    takes(&["register"], &["--kubeconfig", "--context", "--url"]);
+}
+
+/// A reader that goes away (`tollgate review -o json | head`) ends the command quietly.
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    let many: String = (0..40)
+        .map(|i| NOTEBOOK.replace("name: notebook", &format!("name: nb-{i}")) + "---\n")
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("many.yaml");
+    std::fs::write(&file, many).unwrap();
+    let mut child = common::bin::command()
+        .args(["review", "-o", "json", file.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(err.is_empty(), "{err}");
+    assert_eq!(out.status.code(), Some(1), "the review's own status");
+}
+
+/// `--version` names the commit, `completion` writes a shell's script, `--listen :PORT`
+/// is taken as Kubernetes components take it.
+#[test]
+fn version_completion_and_listen() {
+    let out = tollgate(&["--version"], None);
+    let version = String::from_utf8_lossy(&out.stdout);
+    let package = env!("CARGO_PKG_VERSION");
+    assert!(
+        version.starts_with(&format!("tollgate {package}")),
+        "{version}"
+    );
+    if std::path::Path::new(".git").exists() || common::root().join(".git").exists() {
+        assert!(version.contains(&format!("{package} (")), "{version}");
+    }
+    for shell in ["bash", "zsh", "fish"] {
+        let out = tollgate(&["completion", shell], None);
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            script.contains("tollgate") && script.contains("review"),
+            "{shell}"
+        );
+    }
+    // `:PORT` is taken (the server then stops for want of a certificate, as any would).
+    let out = tollgate(
+        &["serve", "--listen", ":0", "--metrics-listen", "off"],
+        None,
+    );
+    let err = stderr(&out);
+    assert!(err.contains("no serving certificate"), "{err}");
+    let out = tollgate(&["serve", "--listen", "8443"], None);
+    assert!(
+        stderr(&out).contains("HOST:PORT or :PORT"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// A workload refused by feasibility says so where the decision is, not "denied" beside
+/// templates that are each allowed; the amounts are as a person writes them (`1Ti +
+/// 64Mi`: the trainer's request and the metrics sidecar's, not `1048640Mi`).
+#[test]
+fn a_verdict_of_feasibility_is_shown_where_it_comes_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, "feasibility:\n  mode: enforce\n").unwrap();
+    let input = "apiVersion: v1
+kind: Node
+metadata: {name: n1}
+status:
+  allocatable: {cpu: \"64\", memory: 512Gi, pods: \"110\", nvidia.com/gpu: \"8\"}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: train, namespace: ml}
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: t
+          image: t
+          resources:
+            requests: {cpu: \"8\", memory: 1Ti, nvidia.com/gpu: \"8\"}
+            limits: {nvidia.com/gpu: \"8\"}
+";
+    let out = tollgate(
+        &["review", "--policy", policy.to_str().unwrap(), "-"],
+        Some(input.as_bytes()),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.starts_with(
+            "job ml/train: denied by feasibility: its pods could never run here\n  pod template (/spec/template): allowed\n"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("it asks for 1Ti + 64Mi memory"), "{text}");
+    assert!(!text.contains("1048640Mi"), "{text}");
+    let json = tollgate(
+        &[
+            "review",
+            "--policy",
+            policy.to_str().unwrap(),
+            "-o",
+            "json",
+            "-",
+        ],
+        Some(input.as_bytes()),
+    );
+    assert_eq!(only_result(&json.stdout)["verdict"], "infeasible");
 }

@@ -298,7 +298,7 @@ fn webhooks_call_the_server_routes_through_the_service() {
             }
         }
         registered.sort();
-        let mut listed: Vec<String> = tollgate_core::policy::Policy::builtin()
+        let mut listed: Vec<String> = tollgate_core::Policy::builtin()
             .workloads
             .kinds
             .iter()
@@ -360,12 +360,12 @@ fn the_policy_objects_webhook_reviews_both_kinds_everywhere_and_fails_open() {
     assert_eq!(
         hook["rules"],
         serde_json::json!([{
-            "apiGroups": [tollgate_core::objects::GROUP],
-            "apiVersions": [tollgate_core::objects::VERSION],
+            "apiGroups": [tollgate_core::POLICY_GROUP],
+            "apiVersions": [tollgate_core::POLICY_VERSION],
             "operations": ["CREATE", "UPDATE"],
             "resources": [
-                tollgate_core::objects::POLICY_PLURAL,
-                tollgate_core::objects::PROFILE_PLURAL,
+                tollgate_core::POLICY_PLURAL,
+                tollgate_core::PROFILE_PLURAL,
             ],
             "scope": "*",
         }])
@@ -822,6 +822,92 @@ async fn register_dry_run_matches_the_base_webhooks() {
     }
 }
 
+/// `tollgate register --url`, for tollgate outside the cluster, through a real apiserver:
+/// both configurations stored with each webhook's `clientConfig.url` (the Service's path
+/// after it, no Service) and the CA, the apiserver calling the server there for a pod of a
+/// namespace it enforces; run again over the configurations it made, the same; an identity
+/// without the rights told so in the apiserver's words, never a Debug dump.
+///
+/// On `bare_plane`, which serves no CRD (the policy objects' webhook never fires there) and
+/// where no other test labels a namespace `tollgate.dev/enforce` (the pods' webhooks reach
+/// only this test's): deploy/base's `tollgate` configurations are cluster-wide.
+#[tokio::test]
+async fn register_url_points_the_apiserver_at_a_server_outside_the_cluster() {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+
+    let Some(cp) = common::envtest::bare_plane() else {
+        return;
+    };
+    let served = tokio::task::spawn_blocking(|| {
+        let (dir, ca) = common::process::workdir();
+        common::process::serve(dir, ca, None, "json", &[])
+    })
+    .await
+    .unwrap();
+    let ca_file = served.dir.path().join("ca.crt");
+    std::fs::write(&ca_file, &served.ca_pem).unwrap();
+    let url = format!("https://127.0.0.1:{}", served.addr.port());
+    let register = |user: &str| {
+        let kubeconfig = cp.kubeconfig(user).display().to_string();
+        let args: Vec<String> = ["register", "--ca-file", ca_file.to_str().unwrap()]
+            .into_iter()
+            .map(str::to_owned)
+            .chain([
+                "--url".into(),
+                url.clone(),
+                "--kubeconfig".into(),
+                kubeconfig,
+            ])
+            .collect();
+        common::bin::run_blocking(args)
+    };
+    let admin = cp.client("admin").await;
+
+    let first = register("admin").await;
+    let again = register("admin").await;
+    let refused = register("mallory").await;
+    let stored = kube::Api::<MutatingWebhookConfiguration>::all(admin.clone())
+        .get("tollgate")
+        .await
+        .unwrap();
+    let ns = cp
+        .namespace("register-url", &[("tollgate.dev/enforce", "enabled")])
+        .await;
+    let reviewed = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        common::admission::until_reviewed(&admin, &served, &ns),
+    )
+    .await;
+    common::admission::deregister(&admin, "tollgate").await;
+
+    for out in [&first, &again] {
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.contains("validatingwebhookconfiguration.admissionregistration.k8s.io/tollgate serverside-applied"), "{said}");
+    }
+    let hook = &stored.webhooks.as_ref().unwrap()[0];
+    assert_eq!(
+        hook.client_config.url.as_deref(),
+        Some(&*format!("{url}/mutate"))
+    );
+    assert!(hook.client_config.service.is_none());
+    assert_eq!(
+        hook.client_config.ca_bundle.as_ref().unwrap().0,
+        served.ca_pem.as_bytes()
+    );
+    assert!(reviewed.is_ok(), "the apiserver never called {url}");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert!(err.starts_with("tollgate: forbidden: "), "{err}");
+    assert!(err.contains("User \"mallory\" cannot"), "{err}");
+    assert!(!err.contains("Status {") && !err.contains("Some("), "{err}");
+}
+
 /// The cluster context reads claims, claim templates and namespaces, and nothing else;
 /// its token is mounted where in-cluster clients look for it, and nowhere by default.
 #[test]
@@ -949,7 +1035,7 @@ fn policy_objects_rbac_is_exact() {
 fn two_teams_example_replaces_the_policy_with_profiles() {
     let text =
         std::fs::read_to_string(root().join("deploy/overlays/two-teams/policy.yaml")).unwrap();
-    let policy = tollgate_core::policy::Policy::from_text("two-teams/policy.yaml", &text).unwrap();
+    let policy = tollgate_core::Policy::from_text("two-teams/policy.yaml", &text).unwrap();
     let names: Vec<&str> = policy.profiles.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["team-a", "team-b", "sandbox"]);
     let a = policy.profiles[0].policy().unwrap();
@@ -1077,7 +1163,7 @@ fn the_audit_component_adds_its_flag_rbac_and_crd_and_nothing_else() {
         .filter(|(ns, r, _, _)| {
             // The kinds' resources: the cluster context's runtimes share TrainJob's group.
             ns.is_none()
-                && tollgate_core::policy::Policy::builtin()
+                && tollgate_core::Policy::builtin()
                     .workloads
                     .kinds
                     .iter()
@@ -1086,7 +1172,7 @@ fn the_audit_component_adds_its_flag_rbac_and_crd_and_nothing_else() {
         .map(|(_, r, v, _)| format!("{r} {v}"))
         .collect();
     workloads.sort();
-    let mut listed: Vec<String> = tollgate_core::policy::Policy::builtin()
+    let mut listed: Vec<String> = tollgate_core::Policy::builtin()
         .workloads
         .kinds
         .iter()
@@ -1365,7 +1451,7 @@ async fn the_audit_runs_as_the_shipped_service_account_which_may_do_no_more() {
     let forbidden = common::identity::refusals(&text);
     assert!(forbidden.is_empty(), "{forbidden:#?}");
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    let out = common::bin::command()
         .args(["audit", "--kubeconfig", &kc, "-n", &ml, "--output", "json"])
         .output()
         .unwrap();
@@ -1398,7 +1484,7 @@ const VAP_FILE: &str = "deploy/overlays/native-validation/validating-admission-p
 fn native_validation_policy_file_is_the_current_export() {
     // No kubectl needed: the committed file is what `tollgate export` prints for the
     // shipped policy, so a change to the policy or the export cannot leave it behind.
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    let out = common::bin::command()
         .args(["export", "validating-admission-policy"])
         .output()
         .unwrap();

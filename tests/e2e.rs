@@ -58,10 +58,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use base64::Engine as _;
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-};
 use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::api::{Patch, PatchParams};
 use serde_json::{json, Value};
@@ -124,93 +120,51 @@ struct Case {
 /// The goldens this test can apply (see the module's docs), and the distinct policies
 /// they use (None: the shipped one).
 fn cases() -> (Vec<Case>, Vec<Option<PathBuf>>) {
-    let dirs = common::golden_dirs();
     let mut policies: Vec<Option<PathBuf>> = vec![None];
     let mut texts: Vec<String> = vec![String::new()];
     let mut cases = vec![];
-    for dir in dirs {
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let spec: Value =
-            serde_saphyr::from_str(&std::fs::read_to_string(dir.join("case.yaml")).unwrap())
-                .unwrap();
-        let (object, user, groups, namespace) =
-            if let Ok(text) = std::fs::read_to_string(dir.join("review.json")) {
-                let review: Value = serde_json::from_str(&text).unwrap();
-                let request = &review["request"];
-                // Pods are only reviewed on CREATE (the shipped rules).
-                let update = request["operation"] == "UPDATE" && request["kind"]["kind"] != "Pod";
-                if request["operation"] != "CREATE" && !update {
-                    continue;
-                }
-                let groups = strings(&request["userInfo"]["groups"]);
-                (
-                    request["object"].clone(),
-                    request["userInfo"]["username"].as_str().unwrap().to_owned(),
-                    groups,
-                    request["namespace"]
-                        .as_str()
-                        .unwrap_or("default")
-                        .to_owned(),
-                )
-            } else {
-                let file = ["pod.yaml", "workload.yaml"]
-                    .iter()
-                    .map(|f| dir.join(f))
-                    .find(|p| p.exists())
-                    .unwrap();
-                let object: Value =
-                    serde_saphyr::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
-                let namespace = spec["namespace"]
-                    .as_str()
-                    .or(object["metadata"]["namespace"].as_str())
-                    .unwrap_or("default")
-                    .to_owned();
-                (
-                    object,
-                    spec["user"]
-                        .as_str()
-                        .unwrap_or("tollgate-review")
-                        .to_owned(),
-                    strings(&spec["groups"]),
-                    namespace,
-                )
-            };
+    for case in common::golden::cases() {
+        let update = match case.request() {
+            // Pods are only reviewed on CREATE (the shipped rules).
+            Some(r) if r["operation"] == "UPDATE" && r["kind"]["kind"] != "Pod" => Some(r.clone()),
+            Some(r) if r["operation"] != "CREATE" => continue,
+            _ => None,
+        };
+        let object = case.object().clone();
         if !BUILT_IN.contains(&object["apiVersion"].as_str().unwrap_or(""))
             && custom(&object).is_none()
         {
             continue;
         }
-        let context: Vec<Value> = match std::fs::read_to_string(dir.join("context.yaml")) {
-            Ok(text) => serde_saphyr::from_multiple(&text).unwrap(),
-            Err(_) => vec![],
-        };
+        let context = case.context();
         if context
             .iter()
             .any(|d| !CONTEXT_KINDS.contains(&d["kind"].as_str().unwrap_or("")))
         {
             continue;
         }
-        let policy_text = std::fs::read_to_string(dir.join("policy.yaml")).unwrap_or_default();
+        let policy_text = case
+            .policy
+            .as_ref()
+            .map(|p| std::fs::read_to_string(p).unwrap())
+            .unwrap_or_default();
         let policy = match texts.iter().position(|t| *t == policy_text) {
             Some(i) => i,
             None => {
                 texts.push(policy_text);
-                policies.push(Some(dir.join("policy.yaml")));
+                policies.push(case.policy.clone());
                 policies.len() - 1
             }
         };
-        let update = std::fs::read_to_string(dir.join("review.json"))
-            .ok()
-            .map(|t| serde_json::from_str::<Value>(&t).unwrap()["request"].clone())
-            .filter(|r| r["operation"] == "UPDATE");
+        let (user, groups) = case.requester();
         cases.push(Case {
-            name,
+            namespace: case.namespace(),
+            name: case.name,
             object,
             context,
             policy,
             user,
             groups,
-            namespace,
             update,
         });
     }
@@ -282,48 +236,6 @@ fn server_role(name: &str) -> Value {
             {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": ["get", "list", "watch"]},
         ]
     })
-}
-
-/// deploy/base's webhook configurations for the server at `port` (see the module's docs):
-/// named `name`, for the namespaces labelled `tollgate-e2e=<selector>`.
-fn registration(
-    rendered: &[Value],
-    name: &str,
-    port: u16,
-    ca_pem: &str,
-    selector: &str,
-) -> Vec<Value> {
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    let mut out = vec![];
-    for kind in [
-        "MutatingWebhookConfiguration",
-        "ValidatingWebhookConfiguration",
-    ] {
-        let mut c = rendered
-            .iter()
-            .find(|d| d["kind"] == kind)
-            .unwrap_or_else(|| panic!("deploy/base renders no {kind}"))
-            .clone();
-        c["metadata"]["name"] = json!(name);
-        for w in c["webhooks"].as_array_mut().unwrap() {
-            let path = w["clientConfig"]["service"]["path"]
-                .as_str()
-                .expect("a webhook's service path")
-                .to_owned();
-            w["clientConfig"] =
-                json!({"url": format!("https://127.0.0.1:{port}{path}"), "caBundle": ca});
-            if w.get("namespaceSelector").is_some() {
-                w["namespaceSelector"]["matchLabels"]["tollgate-e2e"] = json!(selector);
-            } else {
-                // The policy objects' webhook selects every namespace, and no
-                // namespaceSelector narrows the cluster-scoped TollgatePolicy: narrowed by
-                // the objects' own label instead, so that no other test's reaches it.
-                w["objectSelector"]["matchLabels"]["tollgate-e2e"] = json!(selector);
-            }
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// `obj` in `namespace`, as a file names it.
@@ -494,7 +406,7 @@ async fn the_apiserver_does_what_tollgate_review_predicts() {
     let mut probes = vec![];
     for (i, s) in started.iter().enumerate() {
         let selector = format!("{run_id}-{i}");
-        for c in registration(&rendered, &selector, s.addr.port(), &s.ca_pem, &selector) {
+        for c in common::admission::registration(&rendered, &selector, s.addr.port(), &s.ca_pem) {
             apiserver::create(&admin, &c, false)
                 .await
                 .unwrap_or_else(|e| panic!("registering {selector}: {}", e.message));
@@ -504,26 +416,14 @@ async fn the_apiserver_does_what_tollgate_review_predicts() {
                 "e2e-probe",
                 &[
                     ("tollgate.dev/enforce", "enabled"),
-                    ("tollgate-e2e", &selector),
+                    (common::admission::REGISTERED, &selector),
                 ],
             )
             .await;
         probes.push(ns);
     }
     for (s, ns) in started.iter().zip(&probes) {
-        let probe = json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "probe", "namespace": ns},
-            "spec": {"containers": [{"name": "c", "image": "probe"}]}});
-        let seen = |endpoint: &str| {
-            s.lines()
-                .iter()
-                .any(|l| l.contains(ns.as_str()) && l.contains(&format!("\"{endpoint}\"")))
-        };
-        common::net::until("the webhooks to be in force", async || {
-            let _ = apiserver::create(&admin, &probe, true).await;
-            seen("mutate") && seen("validate")
-        })
-        .await;
+        common::admission::until_reviewed(&admin, s, ns).await;
     }
 
     // Where the object the review predicts is admitted, for the apiserver's own defaulting.
@@ -545,15 +445,8 @@ async fn the_apiserver_does_what_tollgate_review_predicts() {
     .await;
     let failures: Vec<String> = results.into_iter().flatten().collect();
 
-    // Registrations are cluster-wide: taken down, so that no later namespace of this
-    // label could reach a server that is gone.
-    let gone = kube::api::DeleteParams::default();
     for i in 0..started.len() {
-        let name = format!("{run_id}-{i}");
-        let mutating: kube::Api<MutatingWebhookConfiguration> = kube::Api::all(admin.clone());
-        let validating: kube::Api<ValidatingWebhookConfiguration> = kube::Api::all(admin.clone());
-        let _ = mutating.delete(&name, &gone).await;
-        let _ = validating.delete(&name, &gone).await;
+        common::admission::deregister(&admin, &format!("{run_id}-{i}")).await;
     }
     assert!(
         failures.is_empty(),
@@ -590,7 +483,7 @@ async fn one(
     // An UPDATE's object is there before tollgate is: made in the namespace before the
     // label that brings it under the webhooks, as in a cluster that adopts tollgate.
     if case.update.is_none() {
-        labels.insert("tollgate-e2e".into(), selector.clone());
+        labels.insert(common::admission::REGISTERED.into(), selector.clone());
     }
     let pairs: Vec<(&str, &str)> = labels
         .iter()
@@ -617,10 +510,10 @@ async fn one(
             )];
         }
         old_stored = Some(serde_json::from_str::<Value>(&before.stdout).unwrap());
-        labels.insert("tollgate-e2e".into(), selector.clone());
+        labels.insert(common::admission::REGISTERED.into(), selector.clone());
         let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
             kube::Api::all(admin.clone());
-        let patch = json!({"metadata": {"labels": {"tollgate-e2e": selector}}});
+        let patch = json!({"metadata": {"labels": {(common::admission::REGISTERED): selector}}});
         namespaces
             .patch(&ns, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -727,7 +620,7 @@ async fn one(
     groups.extend(sa_groups);
     groups.push("system:authenticated".into());
 
-    let mut review = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    let mut review = common::bin::command();
     review.arg("review");
     if let (Some(request), Some(old)) = (&case.update, &old_stored) {
         // The review the apiserver will send: the golden's, with the object there now, the
@@ -761,9 +654,10 @@ async fn one(
         review.arg("--policy").arg(p);
     }
     let predicted = blocking(review).await;
-    let Ok(predicted) = serde_json::from_str::<Value>(&predicted.stdout) else {
+    // One object, so one result in the list review prints.
+    let Ok([predicted]) = serde_json::from_str::<[Value; 1]>(&predicted.stdout) else {
         return vec![format!(
-            "{name}: tollgate review printed no JSON: {}{}",
+            "{name}: tollgate review printed no list of one result: {}{}",
             predicted.stdout, predicted.stderr
         )];
     };

@@ -42,28 +42,20 @@ use crate::common::admission::{self, Answer};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use futures::StreamExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::{json, Value};
-use tollgate_core::export;
-use tollgate_core::policy::{OptOut, Policy, ProfileMatch};
 
+use tollgate_core::{
+    validating_admission_policy, ExportOptions, OptOutRules, Policy, ProfileMatch, EXPORT_NAME,
+    FALLBACK_MESSAGE,
+};
+
+/// The export, as text.
 fn export(policy: Option<&Path>) -> String {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
-    cmd.args(["export", "validating-admission-policy"]);
-    if let Some(p) = policy {
-        cmd.arg("--policy").arg(p);
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "export of {policy:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    String::from_utf8(common::bin::export(policy)).unwrap()
 }
 
 /// Every policy file in the repository, by what it says it is: YAML with a top-level
@@ -374,7 +366,7 @@ fn place(m: Option<&ProfileMatch>, token: &str) -> Place {
 /// opt-out permits (its first user or group), and a controller. (The long name has no
 /// control character but tabs: an HTTP header, which impersonation takes it in, cannot
 /// carry one.)
-fn requesters(o: &OptOut) -> Vec<(String, Vec<String>)> {
+fn requesters(o: &OptOutRules) -> Vec<(String, Vec<String>)> {
     let long_name = padded("user\"name\\with\ttabs\t\\\"", 'u', 512);
     let groups: Vec<String> = (0..100)
         .map(|i| padded(&format!("group-{i:03}-"), 'g', 63))
@@ -444,7 +436,7 @@ const NAMESPACE_LABEL: &str = "export-apiserver.tollgate.dev/cost";
 
 /// A pod with `spec` in `place`, asking to opt out (with a long approval to escape) or
 /// not, labelled for the export `case`.
-fn pod(place: &Place, o: &OptOut, spec: &Value, opt_out: bool, case: &str) -> Value {
+fn pod(place: &Place, o: &OptOutRules, spec: &Value, opt_out: bool, case: &str) -> Value {
     // (Looked up by key, never iterated, by the policies: their values cost the
     // apiserver's decoding, not the CEL, and are kept short.)
     let mut annotations: BTreeMap<String, String> = (0..64)
@@ -494,7 +486,7 @@ struct Request {
 fn worst_requests(
     scope: &str,
     place: &Place,
-    o: &OptOut,
+    o: &OptOutRules,
     specs: &(Value, Value, Value),
     case: &str,
 ) -> Vec<Request> {
@@ -580,7 +572,7 @@ async fn every_export_stays_within_the_apiservers_cost_limits() {
         // tests create namespaces named as the golden cases', some registering webhooks
         // for them), and no two exports share one.
         let policy = admission::policy_under(path.as_deref(), &format!("x{i}-"));
-        let yaml = &export::validating_admission_policy(&policy, &export_options()).yaml;
+        let yaml = &validating_admission_policy(&policy, &export_options()).yaml;
         for pair in pairs(yaml) {
             let (mut vap, mut binding) = renamed(&pair, &case);
             // This test's namespaces and this export's pods only; Deny whatever the mode.
@@ -616,7 +608,7 @@ async fn every_export_stays_within_the_apiservers_cost_limits() {
             spec(&required, false, Some(8)),
         );
         let mut scopes = vec![(
-            format!("{}.{case}", export::NAME),
+            format!("{}.{case}", EXPORT_NAME),
             place(None, &format!("c{i}s0")),
             &policy.opt_out,
         )];
@@ -625,7 +617,7 @@ async fn every_export_stays_within_the_apiservers_cost_limits() {
             let Some(r) = p.policy() else { continue };
             let o = &r.opt_out;
             scopes.push((
-                format!("{}.{}.{case}", p.name, export::NAME),
+                format!("{}.{}.{case}", p.name, EXPORT_NAME),
                 place(Some(&p.matches), &format!("c{i}s{}", j + 1)),
                 o,
             ));
@@ -719,7 +711,7 @@ async fn every_export_stays_within_the_apiservers_cost_limits() {
         }
         if let Some((by, said)) = a.message.as_deref().and_then(admission::denial) {
             if by == r.scope {
-                if said != export::FALLBACK_MESSAGE {
+                if said != FALLBACK_MESSAGE {
                     own_message.insert(by.clone());
                 }
                 *refused_by.entry(by).or_default() += 1;
@@ -775,8 +767,8 @@ fn shortened(problems: &[String]) -> String {
 }
 
 /// The export's options as `tollgate export` has them by default.
-fn export_options() -> export::Options {
-    export::Options {
+fn export_options() -> ExportOptions {
+    ExportOptions {
         namespace_selector: tollgate::register::validating_namespace_selector("tollgate-system")
             .unwrap(),
         source: "test".into(),

@@ -25,6 +25,7 @@
 //! disagreement is printed with its seed, policy, requester and pod.
 
 use crate::common;
+use crate::common::rng::Rng;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -36,14 +37,12 @@ use kube_cel::cel::objects::{Key, Map};
 use kube_cel::cel::{Context, Program, Value as Cel};
 use kube_cel::KubeCelExt as _;
 use serde_json::{json, Value};
-use tollgate_core::cluster::Objects;
-use tollgate_core::export::{self, glob_to_re2, Options};
-use tollgate_core::glob::Glob;
-use tollgate_core::policy::{Mode, Operation, Policy};
-use tollgate_core::profile;
-use tollgate_core::review::{review_bytes_with, Endpoint};
-use tollgate_core::validate::{self, Verdict};
-use tollgate_core::words::one_line;
+
+use tollgate_core::{
+    cel_literal, glob_to_re2, missing_requests, one_line, review_bytes_with, select_profile,
+    validating_admission_policy, ExportOptions, Glob, Mode, Objects, Operation, PodLabels, Policy,
+    Stage, Verdict, EXPORT_NAME,
+};
 
 /// How the line of a claim tollgate could not read starts (`validate::UNREAD_CLAIM_LINE`).
 const CLAIM_NOT_READ: &str = "tollgate could not read the ";
@@ -319,14 +318,14 @@ fn webhook(policy: &Policy, review: &Value, namespace: &Value) -> Decision {
     let mut cluster = Objects::complete();
     cluster.add_namespace(serde_json::from_value(namespace.clone()).unwrap());
     let review_with = |p: &Policy| {
-        review_bytes_with(Endpoint::Validate, p, &cluster, &body).expect("a review of a pod")
+        review_bytes_with(Stage::Validate, p, &cluster, &body).expect("a review of a pod")
     };
     let r = review_with(policy);
     // The policy that decided: the profile's, if one fit.
     let pod = pod_of(review);
     let labels = pod.as_ref().and_then(|p| p.metadata.labels.as_ref());
     let ns = review["request"]["namespace"].as_str().unwrap_or("");
-    let policy = profile::select(policy, ns, profile::PodLabels::Parsed(labels), &cluster).policy;
+    let policy = select_profile(policy, ns, PodLabels::Parsed(labels), &cluster).policy;
     let failed = r.verdict() == Some(Verdict::MissingRequests);
     let response = &r.response;
     let message = if !failed {
@@ -356,7 +355,7 @@ fn webhook(policy: &Policy, review: &Value, namespace: &Value) -> Decision {
         }
     };
     let named = match (&r.verdict(), pod) {
-        (Some(Verdict::MissingRequests), Some(pod)) => validate::missing_requests(policy, &pod)
+        (Some(Verdict::MissingRequests), Some(pod)) => missing_requests(policy, &pod)
             .into_iter()
             .map(|m| m.container)
             .collect(),
@@ -395,8 +394,8 @@ fn request_var(review: &Value) -> Value {
     r
 }
 
-fn options() -> Options {
-    Options {
+fn options() -> ExportOptions {
+    ExportOptions {
         namespace_selector: tollgate::register::validating_namespace_selector("tollgate-system")
             .unwrap(),
         source: "test".into(),
@@ -500,41 +499,24 @@ fn golden_cases() -> Vec<(String, Policy, Value, Value)> {
 
 /// [`golden_cases`], each with the path of its policy file.
 fn golden_cases_with_paths() -> Vec<(String, Policy, Value, Value, std::path::PathBuf)> {
-    let dirs = common::golden_dirs();
     let mut out = vec![];
-    for dir in dirs {
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let policy_path = if dir.join("policy.yaml").exists() {
-            dir.join("policy.yaml")
-        } else {
-            common::default_policy_path()
-        };
+    for case in common::golden::cases() {
+        let name = case.name.clone();
+        let policy_path = case.policy_path();
         // The exported policy judges pods; workloads (their templates judged as the pods
         // they will make) are the webhook's alone.
-        if dir.join("workload.yaml").exists() {
+        if case.dir.join("workload.yaml").exists() {
             continue;
         }
         let policy = common::load_policy(&policy_path);
-        let case: Value =
-            serde_saphyr::from_str(&std::fs::read_to_string(dir.join("case.yaml")).unwrap())
-                .unwrap();
-        let review = if dir.join("review.json").exists() {
-            serde_json::from_slice(&std::fs::read(dir.join("review.json")).unwrap()).unwrap()
-        } else {
-            let pod: Value =
-                serde_saphyr::from_str(&std::fs::read_to_string(dir.join("pod.yaml")).unwrap())
-                    .unwrap();
-            synthetic(&pod, &case)
-        };
+        let review = case.review();
         if review["request"]["kind"]["kind"] != "Pod" {
             continue;
         }
         let ns = review["request"]["namespace"].clone();
-        let labels = std::fs::read_to_string(dir.join("context.yaml"))
-            .ok()
-            .and_then(|t| tollgate::cli::documents(&t).ok())
+        let labels = case
+            .context()
             .into_iter()
-            .flatten()
             .find(|d| d["kind"] == "Namespace" && d["metadata"]["name"] == ns)
             .map_or(json!({}), |d| d["metadata"]["labels"].clone());
         out.push((
@@ -546,11 +528,8 @@ fn golden_cases_with_paths() -> Vec<(String, Policy, Value, Value, std::path::Pa
         ));
         // What the validating webhook (or the policy) sees of a mutated pod: the golden
         // result of the mutation, after the apiserver's defaulting.
-        if dir.join("mutated.yaml").exists() {
-            let mut mutated: Value =
-                serde_saphyr::from_str(&std::fs::read_to_string(dir.join("mutated.yaml")).unwrap())
-                    .unwrap();
-            tollgate_core::pod::default_requests_from_limits(&mut mutated);
+        if let Some(mut mutated) = case.mutated() {
+            tollgate_core::default_requests_from_limits(&mut mutated);
             let mut after = review.clone();
             after["request"]["object"] = mutated;
             out.push((
@@ -565,21 +544,6 @@ fn golden_cases_with_paths() -> Vec<(String, Policy, Value, Value, std::path::Pa
     out
 }
 
-fn synthetic(pod: &Value, case: &Value) -> Value {
-    let groups: Vec<String> = case["groups"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|g| g.as_str().unwrap().to_owned())
-        .collect();
-    tollgate::cli::synthetic_review(
-        pod,
-        case["namespace"].as_str(),
-        case["user"].as_str().unwrap_or("tollgate-review"),
-        &groups,
-    )
-}
-
 #[test]
 fn every_golden_case_is_decided_alike() {
     let base = base_context();
@@ -590,7 +554,7 @@ fn every_golden_case_is_decided_alike() {
     for (name, policy, review, labels) in &cases {
         let key = serde_json::to_string(policy).unwrap();
         let vaps = exports.entry(key).or_insert_with(|| {
-            Vap::all_from_yaml(&export::validating_admission_policy(policy, &options()).yaml)
+            Vap::all_from_yaml(&validating_admission_policy(policy, &options()).yaml)
         });
         judged += usize::from(matched(review));
         if let Err(why) = compare(policy, vaps, &base, review, labels) {
@@ -620,7 +584,7 @@ async fn every_golden_case_is_decided_alike_by_the_apiserver() {
     for (i, (name, _, review, labels, path)) in golden_cases_with_paths().into_iter().enumerate() {
         let prefix = format!("gold{i}-");
         let policy = crate::common::admission::policy_under(Some(&path), &prefix);
-        let yaml = export::validating_admission_policy(&policy, &options()).yaml;
+        let yaml = validating_admission_policy(&policy, &options()).yaml;
         let mut review = review;
         let ns = format!(
             "{prefix}{}",
@@ -704,43 +668,6 @@ async fn every_golden_case_is_decided_alike_by_the_apiserver() {
 
 // ---------------------------------------------------------------------------------------
 // Generated policies, requesters and pods.
-
-/// xorshift64*, as in tests/mutation_props.rs: reproducible from a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-
-    /// Some of `items`, in their order.
-    fn some<T: Clone>(&mut self, items: &[T], percent: u64) -> Vec<T> {
-        items
-            .iter()
-            .filter(|_| self.chance(percent))
-            .cloned()
-            .collect()
-    }
-}
 
 const RESOURCES: &[&str] = &[
     "cpu",
@@ -1149,8 +1076,7 @@ fn generated(policy_seeds: std::ops::Range<u64>) {
     for policy_seed in policy_seeds {
         let mut rng = Rng::new(policy_seed);
         let policy = gen_policy(&mut rng);
-        let vaps =
-            Vap::all_from_yaml(&export::validating_admission_policy(&policy, &options()).yaml);
+        let vaps = Vap::all_from_yaml(&validating_admission_policy(&policy, &options()).yaml);
         assert_eq!(
             vaps.len(),
             1 + policy.profiles.len(),
@@ -1225,7 +1151,7 @@ fn globs_become_anchored_patterns_that_match_the_same_names() {
         }
         let glob = Glob::new(&pattern);
         let program = compile(
-            &format!("subject.matches({})", export::lit(&glob_to_re2(&pattern))),
+            &format!("subject.matches({})", cel_literal(&glob_to_re2(&pattern))),
             &pattern,
         );
         for _ in 0..20 {
@@ -1251,7 +1177,7 @@ fn globs_become_anchored_patterns_that_match_the_same_names() {
 fn the_message_is_the_webhooks_on_one_line() {
     // One case spelled out, so that what "the same words" means can be read here.
     let policy = Policy::builtin();
-    let vaps = Vap::all_from_yaml(&export::validating_admission_policy(&policy, &options()).yaml);
+    let vaps = Vap::all_from_yaml(&validating_admission_policy(&policy, &options()).yaml);
     let [vap] = &vaps[..] else {
         panic!("one policy without profiles")
     };
@@ -1284,7 +1210,7 @@ fn the_message_is_the_webhooks_on_one_line() {
 fn user_names_escaped_only_by_rust_are_the_documented_difference() {
     let mut policy = Policy::builtin();
     policy.opt_out.groups = vec!["platform".into()];
-    let vaps = Vap::all_from_yaml(&export::validating_admission_policy(&policy, &options()).yaml);
+    let vaps = Vap::all_from_yaml(&validating_admission_policy(&policy, &options()).yaml);
     let vap = &vaps[0];
     let pod = json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -1397,7 +1323,7 @@ fn deciding_mode(policy: &Policy, review: &Value, namespace: &Value) -> Mode {
     let pod = pod_of(review);
     let labels = pod.as_ref().and_then(|p| p.metadata.labels.as_ref());
     let ns = review["request"]["namespace"].as_str().unwrap_or("");
-    profile::select(policy, ns, profile::PodLabels::Parsed(labels), &cluster)
+    select_profile(policy, ns, PodLabels::Parsed(labels), &cluster)
         .policy
         .validation
         .mode
@@ -1667,7 +1593,7 @@ async fn generated_cases_are_decided_alike_by_the_apiserver() {
         let prefix = format!("eq{policy_seed}-");
         let mut rng = Rng::new(policy_seed);
         let policy = gen_policy_in(&mut rng, &prefix);
-        let yaml = export::validating_admission_policy(&policy, &options()).yaml;
+        let yaml = validating_admission_policy(&policy, &options()).yaml;
         // The namespaces, each with labels of its own from the profiles' vocabulary.
         let mut world_rng = Rng::new(policy_seed ^ 0x0005_eed0_fa11);
         let namespaces = NAMESPACES
@@ -1797,13 +1723,13 @@ async fn the_documented_difference_is_the_apiservers_too() {
     admission::let_anyone_create_pods(&client, &ns).await;
     let mut policy = Policy::builtin();
     policy.opt_out.groups = vec!["platform".into()];
-    let yaml = export::validating_admission_policy(&policy, &options()).yaml;
+    let yaml = validating_admission_policy(&policy, &options()).yaml;
     let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml).unwrap();
     let [vap, binding] = &docs[..] else {
         panic!("one policy and binding")
     };
     let (mut vap, mut binding) = (vap.clone(), binding.clone());
-    let name = format!("{}.zw", export::NAME);
+    let name = format!("{}.zw", EXPORT_NAME);
     vap["metadata"]["name"] = json!(name);
     vap["spec"]["matchConstraints"]["namespaceSelector"] =
         json!({"matchLabels": {WORLD_LABEL: "zw"}});

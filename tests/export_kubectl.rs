@@ -14,7 +14,7 @@ use crate::common;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 /// `kubectl apply --dry-run=server --validate=strict -f -` on `yaml`, as the admin; None
 /// (with a SKIPPED line) without an apiserver or kubectl.
@@ -31,20 +31,7 @@ fn dry_run(cp: &common::envtest::ControlPlane, yaml: &[u8]) -> Option<std::proce
     Some(child.wait_with_output().unwrap())
 }
 
-fn export(policy: Option<&Path>) -> Vec<u8> {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
-    cmd.args(["export", "validating-admission-policy"]);
-    if let Some(p) = policy {
-        cmd.arg("--policy").arg(p);
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "export of {policy:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
+use common::bin::export;
 
 fn policies_under_tests() -> Vec<PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {

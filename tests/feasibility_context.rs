@@ -1,7 +1,7 @@
 //! Feasibility from the server's cluster context: nodes, quotas, DeviceClasses and Kueue's
 //! queues arriving by watch change the answer of a review; a relabelled or cordoned node
 //! changes it; what the RBAC forbids neither holds readiness nor refuses; the background
-//! audit reads the same caches.
+//! audit reads the same caches, and `tollgate audit` lists the same kinds of object.
 //!
 //! Against the real apiserver: on `common::envtest::isolated_plane()`, a control plane of
 //! these tests' own, because a node at all changes what feasibility says of every pod (one
@@ -12,10 +12,15 @@
 //! (deploy/base/rbac.yaml; the audit's: deploy/components/policy-reports/rbac.yaml), so the
 //! tests also prove that RBAC suffices.
 //!
-//! Against the in-process stand-in, what the real one cannot be made to show: nodes whose
-//! list fails (503) until told otherwise, a cluster without DRA or without Kueue (the real
-//! one serves DRA as configured and the CRDs other tests installed), and one serving DRA
-//! as `v1beta1` only, its claims read as v1.
+//! Clusters of other shapes are real apiservers too, started with another
+//! `--runtime-config`: one serving DRA only as `v1beta1` (`envtest::dra_v1beta1_plane`:
+//! its claims read as v1), and one serving no DRA and no CRDs (`envtest::bare_plane`: no
+//! Kueue, what it does not serve holds nothing up). Their tests keep to pools of nodes of
+//! their own there too.
+//!
+//! Against the in-process stand-in, only what a real apiserver cannot be made to show on
+//! cue: nodes whose list fails (503) until told otherwise, and a claim template whose watch
+//! is held back, fetched in the one DRA version served.
 //!
 //! `memory_of_5000_nodes` (ignored) measures what the caches cost a real `tollgate serve`
 //! watching 5,000 nodes of the real apiserver.
@@ -76,23 +81,14 @@ async fn client(server: &TestServer) -> Client {
     Client::connect(server.addr(), &server.ca_pem, false).await
 }
 
-/// A node of `gpus` GPUs (stand-in), tainted for GPU pods, with `labels` besides its
-/// hostname.
-fn node(name: &str, gpus: &str, labels: Value) -> Value {
-    let mut l = json!({"kubernetes.io/hostname": name, "nvidia.com/gpu.product": "A100-SXM4-80GB"});
-    l.as_object_mut()
-        .unwrap()
-        .extend(labels.as_object().unwrap().clone());
-    json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": l},
-        "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},
-        "status": {
-            "allocatable": {"cpu": "94", "memory": "1000Gi", "nvidia.com/gpu": gpus, "pods": "110"},
-            "conditions": [{"type": "Ready", "status": "True",
-                "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]
-        }
-    })
+/// A node of `gpus` A100s (for the stand-in), tainted for GPU pods.
+fn node(name: &str, gpus: &str) -> Value {
+    common::scheduling::node(
+        name,
+        json!({"nvidia.com/gpu.product": "A100-SXM4-80GB"}),
+        json!([{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
+        json!({"cpu": "94", "memory": "1000Gi", "nvidia.com/gpu": gpus}),
+    )
 }
 
 /// A GPU pod asking for `gpus` GPUs (and tolerating the GPU taint), with `spec` merged in.
@@ -117,7 +113,7 @@ fn gpu_pod(name: &str, gpus: &str, spec: Value) -> Value {
 
 /// `/validate` of a CREATE of `pod` by alice.
 async fn validate(c: &mut Client, pod: &Value) -> Value {
-    let review = tollgate_core::pipeline::synthetic_review(pod, None, "alice", &[]);
+    let review = tollgate_core::synthetic_review(pod, None, "alice", &[]);
     let (status, bytes) = c
         .post("/validate", serde_json::to_vec(&review).unwrap())
         .await;
@@ -141,7 +137,12 @@ struct Isolated {
 
 /// None (the test skipped, said so) where there is no apiserver.
 async fn isolated(prefix: &str) -> Option<Isolated> {
-    let cp = common::envtest::isolated_plane()?;
+    isolated_on(common::envtest::isolated_plane(), prefix).await
+}
+
+/// One test on the plane `cp` (another shape of cluster), as on the isolated one.
+async fn isolated_on(cp: Option<&'static ControlPlane>, prefix: &str) -> Option<Isolated> {
+    let cp = cp?;
     Some(Isolated {
         cp,
         admin: cp.client("admin").await,
@@ -164,6 +165,51 @@ impl Isolated {
         let n = self.pool.node(name, gpus, labels);
         context::create(&self.admin, &n).await;
         n
+    }
+
+    /// The ServiceAccount `audit` of the test's namespace, bound to the RBAC tollgate
+    /// ships for the background audit (deploy/components/policy-reports/rbac.yaml, and the
+    /// cluster context's rules, each as `adjust` leaves it): its kubeconfig.
+    async fn audit_identity(&self, adjust: impl Fn(&mut Value)) -> std::path::PathBuf {
+        let audit_rbac = "deploy/components/policy-reports/rbac.yaml";
+        let mut rules = context::rules_of(audit_rbac, "ClusterRole", "tollgate-audit");
+        rules.extend(context::shipped_rules().into_iter().map(|mut r| {
+            adjust(&mut r);
+            r
+        }));
+        context::bind(self.cp, &self.ns, "audit", &rules).await;
+        let lease = context::rules_of(audit_rbac, "Role", "tollgate-audit-lease");
+        context::bind_in(self.cp, &self.ns, "audit", &lease).await;
+        context::sa_kubeconfig(self.cp, &self.ns, "audit")
+    }
+
+    /// A server as the ServiceAccount bound to the shipped RBAC, the built-in policy in
+    /// force, its background audit running unpaced every 100 ms as `audit` (a kubeconfig,
+    /// [`Isolated::audit_identity`]), its Lease in the test's namespace.
+    async fn serve_auditing(&self, audit: std::path::PathBuf) -> TestServer {
+        let kubeconfig = context::shipped_identity(self.cp, &self.ns).await;
+        let ns = self.ns.clone();
+        let server = context::serve(kubeconfig, |o| {
+            let mut a = AuditOptions::new(Duration::from_millis(100));
+            a.rate = 0;
+            a.kubeconfig = Some(audit);
+            a.lease_namespace = Some(ns);
+            o.audit = Some(a);
+        })
+        .await;
+        in_force(server, "# the built-in policy\n").await
+    }
+
+    /// The PolicyReports of the test's namespace, as the admin reads them.
+    fn policy_reports(&self) -> kube::Api<kube::api::DynamicObject> {
+        kube::Api::namespaced_with(
+            self.admin.clone(),
+            &self.ns,
+            &kube::api::ApiResource::from_gvk_with_plural(
+                &kube::api::GroupVersionKind::gvk("wgpolicyk8s.io", "v1alpha2", "PolicyReport"),
+                "policyreports",
+            ),
+        )
     }
 
     /// A server as the ServiceAccount bound to the shipped RBAC, `policy` in force.
@@ -234,7 +280,7 @@ async fn nodes_not_listed_yet_leave_the_pod_unchecked() {
     let api = ApiServer::start().await;
     api.inject(Fault::status(503).on("nodes", Verb::List));
     for i in 0..3 {
-        api.insert("nodes", node(&format!("gpu-{i}"), "8", json!({})));
+        api.insert("nodes", node(&format!("gpu-{i}"), "8"));
     }
     let server = server_against(&api, ENFORCE, |_| {}).await;
     let mut c = client(&server).await;
@@ -403,6 +449,13 @@ fn queued_job(ns: &str, pod_spec: Value) -> Value {
         "spec": {"pytorchReplicaSpecs": {"Worker": worker}}})
 }
 
+/// LocalQueue `team-a` of namespace `ns`, submitting to ClusterQueue `cluster_queue`.
+fn local_queue(ns: &str, cluster_queue: &str) -> Value {
+    json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+        "metadata": {"name": "team-a", "namespace": ns},
+        "spec": {"clusterQueue": cluster_queue}})
+}
+
 /// A ClusterQueue named `name` of `nominal` GPUs, borrowing up to `borrowing` from
 /// `cohort`.
 fn cluster_queue(name: &str, nominal: &str, cohort: Option<(&str, &str)>) -> Value {
@@ -453,13 +506,7 @@ async fn kueue_queues_arriving_by_watch_hold_a_workload_to_its_cluster_queue() {
     // ClusterQueues and cohorts are cluster-wide: names of this test's own.
     let cq = context::unique("team-a");
     let cohort = context::unique("research");
-    context::create(
-        &t.admin,
-        &json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-            "metadata": {"name": "team-a", "namespace": t.ns},
-            "spec": {"clusterQueue": cq}}),
-    )
-    .await;
+    context::create(&t.admin, &local_queue(&t.ns, &cq)).await;
     context::create(&t.admin, &cluster_queue(&cq, "8", None)).await;
     until("the queues by the watch", async || {
         validate(&mut c, &job).await["allowed"] == false
@@ -488,22 +535,165 @@ async fn kueue_queues_arriving_by_watch_hold_a_workload_to_its_cluster_queue() {
     server.running.shutdown().await;
 }
 
-/// A cluster without Kueue (stand-in: the real apiserver serves the CRDs the binary's
-/// tests install) holds nothing up and says nothing of it: the namespace's quota decides,
-/// and no series is kept of the queues.
+/// The findings of `text` that say it can never run: what follows `can never run: ` in
+/// each of its lines (a webhook's warnings) or messages (an audit's findings).
+fn never_runs<'a>(texts: impl IntoIterator<Item = &'a str>) -> std::collections::BTreeSet<String> {
+    texts
+        .into_iter()
+        .flat_map(str::lines)
+        .filter_map(|l| l.split_once("can never run: ").map(|(_, f)| f.to_owned()))
+        .collect()
+}
+
+/// The webhook, `tollgate audit` and the background audit see the same Kueue queues: a
+/// Job of 4 pods of 4 GPUs each, submitted to a LocalQueue whose ClusterQueue has 8 GPUs,
+/// is warned at apply (the built-in policy: feasibility `warn`) that Kueue never admits
+/// it, and each audit fails it on the feasibility rule in the same words. The server and
+/// both audits run as the identities bound to the RBAC tollgate ships (the cluster
+/// context's, and the audit's: deploy/components/policy-reports/rbac.yaml), so that RBAC
+/// is shown to let the audits read the queues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audits_see_the_kueue_queues_the_webhook_sees() {
+    let Some(t) = isolated("fz-kaudit").await else {
+        return;
+    };
+    context::install_crds(&t.admin, "tests/data/crds/kueue.yaml").await;
+    context::install_crds(
+        &t.admin,
+        "deploy/components/policy-reports/crd/wgpolicyk8s.io_policyreports.yaml",
+    )
+    .await;
+    // Room on the nodes for each pod: only the ClusterQueue stands in the way.
+    t.node("gpu-0", "8", json!({})).await;
+    let cq = context::unique("team-a");
+    context::create(&t.admin, &local_queue(&t.ns, &cq)).await;
+    context::create(&t.admin, &cluster_queue(&cq, "8", None)).await;
+    let mut pod_spec = json!({
+        "restartPolicy": "Never",
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [{"name": "sweep", "image": "registry.example.com/sweep:1.0",
+            "resources": {
+                "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "4"},
+                "limits": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "4"}}}]});
+    t.pool.confine(&mut pod_spec);
+    // Suspended, as Kueue's own webhook leaves a Job until its queue admits it.
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "sweep", "namespace": t.ns,
+            "labels": {"kueue.x-k8s.io/queue-name": "team-a"}},
+        "spec": {"suspend": true, "parallelism": 4, "completions": 4,
+            "template": {"spec": pod_spec}}});
+    context::create(&t.admin, &job).await;
+
+    let audit = t.audit_identity(|_| {}).await;
+    context::until_may_list(t.cp, &audit, "nodes").await;
+    let server = t.serve_auditing(audit.clone()).await;
+    let mut c = client(&server).await;
+    until("ready", async || ready(&mut c).await.0 == 200).await;
+
+    // The webhook, at apply.
+    let mut r = Value::Null;
+    until("the queues by the watch", async || {
+        r = validate(&mut c, &job).await;
+        warnings(&r).contains("Kueue never admits it")
+    })
+    .await;
+    assert_eq!(r["allowed"], true, "warned, not refused: {r}");
+    let webhook = never_runs([warnings(&r).as_str()]);
+    assert_eq!(webhook.len(), 1, "{r}");
+    let finding = webhook.iter().next().unwrap();
+    assert!(
+        finding.contains(&cq) && finding.contains("at most 8 nvidia.com/gpu"),
+        "{finding}"
+    );
+    assert!(
+        finding.contains("its 4 pods ask for 16 in all"),
+        "{finding}"
+    );
+
+    // The background audit, in the server's caches.
+    let reports = t.policy_reports();
+    let mut reported = std::collections::BTreeSet::new();
+    until("the Kueue finding in the report", async || {
+        let report = reports.get_opt("tollgate").await.unwrap();
+        let results = report
+            .as_ref()
+            .and_then(|r| r.data["results"].as_array().cloned())
+            .unwrap_or_default();
+        reported = never_runs(
+            results
+                .iter()
+                .filter(|x| x["rule"] == "feasibility" && x["result"] == "fail")
+                .filter_map(|x| x["message"].as_str()),
+        );
+        !reported.is_empty()
+    })
+    .await;
+    assert_eq!(reported, webhook, "the background audit");
+    server.running.shutdown().await;
+
+    // `tollgate audit` of the namespace, listing what it judges in.
+    let args = [
+        "audit".to_owned(),
+        "--kubeconfig".into(),
+        audit.display().to_string(),
+        "-n".into(),
+        t.ns.clone(),
+        "--output".into(),
+        "json".into(),
+    ];
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        !err.contains("queues"),
+        "the shipped RBAC lets it read them: {err}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let audited = never_runs(
+        lines
+            .iter()
+            .filter(|l| l["rule"] == "feasibility" && l["result"] == "fail")
+            .filter_map(|l| l["message"].as_str()),
+    );
+    assert_eq!(audited, webhook, "tollgate audit: {lines:#?}");
+}
+
+/// A cluster without Kueue (`envtest::bare_plane`: no test installs a CRD there) holds
+/// nothing up and says nothing of it: the namespace's quota decides, and no series is kept
+/// of the queues.
 #[tokio::test]
 async fn without_kueue_the_quota_decides() {
-    let api = ApiServer::start().await;
-    api.insert(
-        "resourcequotas",
-        json!({"apiVersion": "v1", "kind": "ResourceQuota",
-            "metadata": {"name": "roomy", "namespace": NS},
+    let Some(t) = isolated_on(common::envtest::bare_plane(), "fz-no-kueue").await else {
+        return;
+    };
+    context::create(
+        &t.admin,
+        &json!({"apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "roomy", "namespace": t.ns},
             "spec": {"hard": {"requests.nvidia.com/gpu": "64"}}}),
-    );
-    let server = server_against(&api, ENFORCE, |_| {}).await;
+    )
+    .await;
+    t.node("gpu-0", "8", json!({})).await;
+    let server = t.serve(ENFORCE).await;
     let mut c = client(&server).await;
     until("ready without Kueue", async || ready(&mut c).await.0 == 200).await;
-    let r = validate(&mut c, &queued_job(NS, json!({}))).await;
+    let mut spec = json!({"tolerations": [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]});
+    t.pool.confine(&mut spec);
+    let r = validate(&mut c, &queued_job(&t.ns, spec)).await;
     assert_eq!(r["allowed"], true, "{r}");
     assert!(!warnings(&r).contains("team-a"), "{r}");
     assert_eq!(
@@ -586,19 +776,73 @@ async fn a_device_class_added_makes_a_dra_pod_allowed() {
     server.running.shutdown().await;
 }
 
-/// A 1.33 cluster: DRA served as `resource.k8s.io/v1beta1` only. Discovery finds it, the
-/// claim templates and DeviceClasses are watched in it and read as v1 (the pod gets its
-/// GPU toleration), and a template the watch has not delivered is fetched in it.
+/// A 1.33 cluster (`envtest::dra_v1beta1_plane`: DRA served as `resource.k8s.io/v1beta1`
+/// only). Discovery finds it, the claim templates and DeviceClasses are watched in it and
+/// read as v1: the pod gets its GPU toleration and is allowed, from the cache.
 #[tokio::test]
 async fn a_cluster_serving_dra_v1beta1_only() {
+    let Some(t) = isolated_on(common::envtest::dra_v1beta1_plane(), "fz-v1beta1").await else {
+        return;
+    };
+    let mut tpl = template("resource.k8s.io/v1beta1", "gpu.nvidia.com");
+    tpl["metadata"]["namespace"] = json!(t.ns);
+    context::create(&t.admin, &tpl).await;
+    // Cluster-wide, and the class the shipped policy names: the plane's other tests may
+    // have made it.
+    context::create_shared(
+        &t.admin,
+        &device_class("resource.k8s.io/v1beta1", "gpu.nvidia.com"),
+    )
+    .await;
+    let server = t.serve(ENFORCE).await;
+    let mut c = client(&server).await;
+    until("ready", async || ready(&mut c).await.0 == 200).await;
+    for resource in ["resourceclaimtemplates", "deviceclasses"] {
+        assert_eq!(synced(&server, resource).await, Some(1.0), "{resource}");
+    }
+    let mut pod = dra_pod();
+    pod["metadata"]["namespace"] = json!(t.ns);
+    until("the template by the watch", async || {
+        gets_toleration(&mut c, &pod, "a").await
+    })
+    .await;
+    assert_eq!(validate(&mut c, &pod).await["allowed"], true);
+    assert_eq!(
+        metric(
+            &server,
+            "tollgate_cluster_fetches_total",
+            &[("resource", "resourceclaimtemplates"), ("result", "found")]
+        )
+        .await
+        .unwrap_or(0.0),
+        0.0,
+        "from the cache"
+    );
+    server.running.shutdown().await;
+}
+
+/// Whether `/mutate` of `pod` (review uid `uid`) gives it the NVIDIA GPU toleration.
+async fn gets_toleration(c: &mut Client, pod: &Value, uid: &str) -> bool {
+    let mut r = tollgate_core::synthetic_review(pod, None, "alice", &[]);
+    r["request"]["uid"] = json!(uid);
+    let (status, bytes) = c.post("/mutate", serde_json::to_vec(&r).unwrap()).await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    use base64::Engine as _;
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(v["response"]["patch"].as_str().unwrap_or(""))
+        .unwrap();
+    String::from_utf8_lossy(&patch).contains("nvidia.com/gpu")
+}
+
+/// A claim template the watch has not delivered (held back on cue, stand-in) on a cluster
+/// serving DRA only as `v1beta1`: fetched once, in v1beta1, and read as v1.
+#[tokio::test]
+async fn a_template_the_watch_holds_back_is_fetched_in_the_version_served() {
     let api = ApiServer::builder()
         .resources(ResourceType::defaults_with_dra("v1beta1"))
         .start()
         .await;
-    api.insert(
-        "resourceclaimtemplates",
-        template("resource.k8s.io/v1beta1", "gpu.nvidia.com"),
-    );
     api.insert(
         "deviceclasses",
         device_class("resource.k8s.io/v1beta1", "gpu.nvidia.com"),
@@ -606,35 +850,6 @@ async fn a_cluster_serving_dra_v1beta1_only() {
     let server = server_against(&api, ENFORCE, |_| {}).await;
     let mut c = client(&server).await;
     until("ready", async || ready(&mut c).await.0 == 200).await;
-    let review = |pod: &Value, uid: &str| {
-        let mut r = tollgate_core::pipeline::synthetic_review(pod, None, "alice", &[]);
-        r["request"]["uid"] = json!(uid);
-        serde_json::to_vec(&r).unwrap()
-    };
-    let gets_toleration = async |c: &mut Client, pod: &Value, uid: &str| {
-        let (status, bytes) = c.post("/mutate", review(pod, uid)).await;
-        assert_eq!(status, 200);
-        let v: Value = serde_json::from_slice(&bytes).unwrap();
-        use base64::Engine as _;
-        let patch = base64::engine::general_purpose::STANDARD
-            .decode(v["response"]["patch"].as_str().unwrap_or(""))
-            .unwrap();
-        String::from_utf8_lossy(&patch).contains("nvidia.com/gpu")
-    };
-    let pod = dra_pod();
-    assert!(gets_toleration(&mut c, &pod, "a").await);
-    assert_eq!(validate(&mut c, &pod).await["allowed"], true);
-    assert_eq!(
-        api.count(Verb::Get, "resourceclaimtemplates"),
-        0,
-        "from the cache"
-    );
-    assert!(api
-        .requests_for(Verb::Watch, "resourceclaimtemplates")
-        .iter()
-        .all(|r| r.path.contains("/apis/resource.k8s.io/v1beta1/")));
-
-    // One the watch has not delivered: fetched once, in v1beta1.
     api.inject(Fault::delay(Duration::from_secs(30)).on("resourceclaimtemplates", Verb::Watch));
     api.break_watches();
     let mut fresh = template("resource.k8s.io/v1beta1", "gpu.nvidia.com");
@@ -644,6 +859,10 @@ async fn a_cluster_serving_dra_v1beta1_only() {
     pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = json!("fresh");
     assert!(gets_toleration(&mut c, &pod, "b").await);
     assert_eq!(api.count(Verb::Get, "resourceclaimtemplates"), 1);
+    assert!(api
+        .requests_for(Verb::Get, "resourceclaimtemplates")
+        .iter()
+        .all(|r| r.path.contains("/apis/resource.k8s.io/v1beta1/")));
     api.clear_faults();
     server.running.shutdown().await;
 }
@@ -692,23 +911,18 @@ async fn what_the_rbac_forbids_holds_nothing_up() {
     server.running.shutdown().await;
 }
 
-/// What the cluster does not serve (no DRA at all; stand-in: the real apiserver serves
-/// what it was started with) holds neither readiness nor a pod, and has no series.
+/// What the cluster does not serve (no DRA at all: `envtest::bare_plane`) holds neither
+/// readiness nor a pod, and has no series.
 #[tokio::test]
 async fn what_the_cluster_does_not_serve_holds_nothing_up() {
-    let api = ApiServer::builder()
-        .resources(
-            ResourceType::defaults()
-                .into_iter()
-                .filter(|r| r.group != "resource.k8s.io"),
-        )
-        .start()
-        .await;
-    api.insert("nodes", node("gpu-0", "16", json!({})));
-    let server = server_against(&api, ENFORCE, |_| {}).await;
+    let Some(t) = isolated_on(common::envtest::bare_plane(), "fz-unserved").await else {
+        return;
+    };
+    t.node("gpu-0", "16", json!({})).await;
+    let server = t.serve(ENFORCE).await;
     let mut c = client(&server).await;
     until("ready", async || ready(&mut c).await.0 == 200).await;
-    let r = validate(&mut c, &gpu_pod("nine", "9", json!({}))).await;
+    let r = validate(&mut c, &t.pod("nine", "9", json!({}))).await;
     assert_eq!(r["allowed"], true, "{r}");
     assert_eq!(warnings(&r), "", "nothing said of what is not served: {r}");
     assert_eq!(synced(&server, "nodes").await, Some(1.0));
@@ -743,38 +957,16 @@ async fn the_background_audit_reports_what_can_never_run() {
     // Pending for good: no scheduler runs.
     context::create(&t.admin, &t.pod("nine", "9", json!({}))).await;
 
-    let audit_rbac = "deploy/components/policy-reports/rbac.yaml";
-    let mut rules = context::rules_of(audit_rbac, "ClusterRole", "tollgate-audit");
-    rules.extend(context::shipped_rules().into_iter().map(|mut r| {
-        if let Some(resources) = r["resources"].as_array_mut() {
-            resources.retain(|x| x != "nodes");
-        }
-        r
-    }));
-    context::bind(t.cp, &t.ns, "audit", &rules).await;
-    let lease = context::rules_of(audit_rbac, "Role", "tollgate-audit-lease");
-    context::bind_in(t.cp, &t.ns, "audit", &lease).await;
-    let audit = context::sa_kubeconfig(t.cp, &t.ns, "audit");
+    let audit = t
+        .audit_identity(|r| {
+            if let Some(resources) = r["resources"].as_array_mut() {
+                resources.retain(|x| x != "nodes");
+            }
+        })
+        .await;
     context::until_may_list(t.cp, &audit, "pods").await;
-    let kubeconfig = context::shipped_identity(t.cp, &t.ns).await;
-    let ns = t.ns.clone();
-    let server = context::serve(kubeconfig, |o| {
-        let mut a = AuditOptions::new(Duration::from_millis(100));
-        a.rate = 0;
-        a.kubeconfig = Some(audit);
-        a.lease_namespace = Some(ns);
-        o.audit = Some(a);
-    })
-    .await;
-    let server = in_force(server, "# the built-in policy\n").await;
-    let reports = kube::Api::<kube::api::DynamicObject>::namespaced_with(
-        t.admin.clone(),
-        &t.ns,
-        &kube::api::ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk("wgpolicyk8s.io", "v1alpha2", "PolicyReport"),
-            "policyreports",
-        ),
-    );
+    let server = t.serve_auditing(audit).await;
+    let reports = t.policy_reports();
     let mut found = None;
     until("the feasibility finding in the report", async || {
         found = reports.get_opt("tollgate").await.unwrap().and_then(|r| {

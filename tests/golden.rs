@@ -1,11 +1,14 @@
 //! Golden cases: one folder per case under `tests/golden/`, found automatically.
 //!
 //! A case folder holds:
-//! - `case.yaml`: `endpoint: mutate|validate`, and for a `pod.yaml` or `workload.yaml`
-//!   input optionally `namespace`, `user`, `groups`;
-//! - the input: `review.json` (an AdmissionReview: a real apiserver's, or an UPDATE with
-//!   its `oldObject`), `pod.yaml` (a Pod) or `workload.yaml` (a Job, Deployment,
-//!   PyTorchJob, ...), the last two sent as the CREATE review the apiserver would send;
+//! - `case.yaml`: `endpoint: mutate|validate`, for a `pod.yaml` or `workload.yaml` input
+//!   optionally `namespace`, `user`, `groups`, and for a real apiserver's review `fixture:`;
+//! - the input, one of: `fixture: NAME` (an AdmissionReview of `tests/fixtures/apiserver-v1.36/`,
+//!   read from there: no copy), `review.json` (an AdmissionReview of the case's own: an
+//!   UPDATE with its `oldObject`, a kind no fixture has), `pod.yaml` (a Pod) or
+//!   `workload.yaml` (a Job, Deployment, PyTorchJob, ...), the last two sent as the CREATE
+//!   review the apiserver would send (tests/common/golden.rs reads them, for every test
+//!   that walks the goldens);
 //! - `policy.yaml` (optional; the shipped `policies/default.yaml` otherwise);
 //! - `context.yaml` (optional): ResourceClaims, ResourceClaimTemplates, Namespaces,
 //!   Kubeflow Trainer runtimes (TrainingRuntimes, ClusterTrainingRuntimes), Nodes,
@@ -26,110 +29,53 @@
 //! outdated golden file, or one the case does not produce, fails the test.
 
 use crate::common;
+use crate::common::golden;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use axum::body::Body;
 use axum::http::Request;
 use base64::Engine as _;
 use http_body_util::BodyExt as _;
 use k8s_openapi::api::core::v1::Pod;
-use serde::Deserialize;
 use serde_json::Value;
-use tollgate_core::cluster::Objects;
-use tollgate_core::policy::Policy;
-use tollgate_core::review::{review_bytes_with, Endpoint};
+use tollgate_core::{review_bytes_with, Objects, Policy, Stage};
 use tower::ServiceExt as _;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CaseFile {
-    endpoint: String,
-    #[serde(default)]
-    namespace: Option<String>,
-    #[serde(default = "default_user")]
-    user: String,
-    #[serde(default)]
-    groups: Vec<String>,
-    /// What the case is about, for whoever reads it.
-    #[serde(default)]
-    #[allow(dead_code)]
-    description: String,
-}
-
-fn default_user() -> String {
-    "tollgate-review".into()
-}
-
+/// A case as the runner uses it: the case (common::golden) with its policy loaded and its
+/// context as the engine and the router get it.
 struct Case {
     dir: PathBuf,
-    spec: CaseFile,
-    endpoint: Endpoint,
-    input_path: PathBuf,
+    case: golden::Case,
+    endpoint: Stage,
     review: Value,
     policy_path: PathBuf,
     policy: Policy,
-    /// `context.yaml`'s objects, and its text for the CLI's input file.
+    /// `context.yaml`'s objects.
     context: Objects,
-    context_text: Option<String>,
 }
 
 fn bless() -> bool {
     std::env::var("TOLLGATE_BLESS").is_ok_and(|v| v == "1")
 }
 
-fn cases() -> Vec<PathBuf> {
-    common::golden_dirs()
-}
-
 fn load_case(dir: &Path) -> Result<Case, String> {
-    let spec_text =
-        std::fs::read_to_string(dir.join("case.yaml")).map_err(|e| format!("case.yaml: {e}"))?;
-    let spec: CaseFile =
-        serde_saphyr::from_str(&spec_text).map_err(|e| format!("case.yaml: {e}"))?;
-    let endpoint = match spec.endpoint.as_str() {
-        "mutate" => Endpoint::Mutate,
-        "validate" => Endpoint::Validate,
+    let case = golden::Case::load(dir)?;
+    let endpoint = match case.spec.endpoint.as_str() {
+        "mutate" => Stage::Mutate,
+        "validate" => Stage::Validate,
         e => {
             return Err(format!(
                 "case.yaml: endpoint {e:?} is neither mutate nor validate"
             ))
         }
     };
-    let policy_path = if dir.join("policy.yaml").exists() {
-        dir.join("policy.yaml")
-    } else {
-        common::default_policy_path()
-    };
+    let policy_path = case.policy_path();
     let policy = common::load_policy(&policy_path);
-    let (input_path, review) = if dir.join("review.json").exists() {
-        let p = dir.join("review.json");
-        let v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap())
-            .map_err(|e| format!("review.json: {e}"))?;
-        (p, v)
-    } else if let Some(p) = ["pod.yaml", "workload.yaml"]
-        .iter()
-        .map(|f| dir.join(f))
-        .find(|p| p.exists())
-    {
-        let pod: Value = serde_saphyr::from_str(&std::fs::read_to_string(&p).unwrap())
-            .map_err(|e| format!("{}: {e}", p.display()))?;
-        let review = tollgate::cli::synthetic_review(
-            &pod,
-            spec.namespace.as_deref(),
-            &spec.user,
-            &spec.groups,
-        );
-        (p, review)
-    } else {
-        return Err("no input: add review.json, pod.yaml or workload.yaml".into());
-    };
-    let context_text = std::fs::read_to_string(dir.join("context.yaml")).ok();
-    let context = match &context_text {
+    let context = match &case.context_text {
         Some(text) => {
             // As `tollgate review` reads the same objects from its input.
-            let namespace = spec.namespace.as_deref().unwrap_or("default");
+            let namespace = case.spec.namespace.as_deref().unwrap_or("default");
             let docs =
                 tollgate::cli::read(text, namespace).map_err(|e| format!("context.yaml: {e}"))?;
             let mut objects = Objects::complete();
@@ -146,14 +92,12 @@ fn load_case(dir: &Path) -> Result<Case, String> {
     };
     Ok(Case {
         dir: dir.to_owned(),
-        spec,
+        review: case.review(),
+        case,
         endpoint,
-        input_path,
-        review,
         policy_path,
         policy,
         context,
-        context_text,
     })
 }
 
@@ -230,9 +174,9 @@ fn via_cli(case: &Case) -> Value {
     // With a context, it goes in as the saved picture of the cluster (`--cluster-state`):
     // in the input itself, a runtime would be reviewed too (tests/cli.rs has the input as
     // its own context).
-    let input_path = case.input_path.clone();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
-    if case.context_text.is_some() {
+    let input_path = case.case.input_path.clone();
+    let mut cmd = common::bin::command();
+    if case.case.context_text.is_some() {
         cmd.arg("review")
             .arg("--cluster-state")
             .arg(case.dir.join("context.yaml"));
@@ -248,12 +192,13 @@ fn via_cli(case: &Case) -> Value {
     ])
     .arg(&case.policy_path)
     .arg(&input_path);
-    if case.input_path.extension().is_some_and(|e| e == "yaml") {
-        if let Some(ns) = &case.spec.namespace {
+    if !case.case.is_review() {
+        let spec = &case.case.spec;
+        if let Some(ns) = &spec.namespace {
             cmd.args(["--namespace", ns]);
         }
-        cmd.args(["--user", &case.spec.user]);
-        for g in &case.spec.groups {
+        cmd.args(["--user", &spec.user]);
+        for g in &spec.groups {
             cmd.args(["--group", g]);
         }
     }
@@ -265,7 +210,13 @@ fn via_cli(case: &Case) -> Value {
         out.status.code(),
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("review --output json prints JSON")
+    let results: Value =
+        serde_json::from_slice(&out.stdout).expect("review --output json prints JSON");
+    // A list of results, whatever their number: this case's one object.
+    match results {
+        Value::Array(mut one) if one.len() == 1 => one.remove(0),
+        other => panic!("{}: one result expected: {other:#}", case.dir.display()),
+    }
 }
 
 /// Whether every leaf of `v` is the approval (as an annotation, or as the manager of a
@@ -282,11 +233,6 @@ fn only_the_approval(v: &Value, approval: &str) -> bool {
         }
     }
     leaves(v, "", approval)
-}
-
-/// Whether the case reviews a workload rather than a pod.
-fn is_workload(case: &Case) -> bool {
-    case.review.pointer("/request/kind/kind") != Some(&Value::from("Pod"))
 }
 
 fn check_mutation(case: &Case, response: &Value, failures: &mut Vec<String>) {
@@ -322,7 +268,7 @@ fn check_mutation(case: &Case, response: &Value, failures: &mut Vec<String>) {
         &serde_saphyr::to_string(&pod).unwrap(),
         failures,
     );
-    if is_workload(case) {
+    if case.case.is_workload() {
         // The mutating webhook only ever sets or removes the approval in a template: the
         // pods are mutated when they are created.
         let approval = &case.policy.opt_out.approval_annotation;
@@ -368,7 +314,7 @@ fn check_mutation(case: &Case, response: &Value, failures: &mut Vec<String>) {
                 return;
             }
         };
-        for p in tollgate_core::check::problems(&typed) {
+        for p in tollgate_core::pod_problems(&typed) {
             failures.push(format!("{name}: the mutated pod is invalid: {p}"));
         }
     }
@@ -376,7 +322,7 @@ fn check_mutation(case: &Case, response: &Value, failures: &mut Vec<String>) {
     let mut again = case.review.clone();
     *again.pointer_mut("/request/object").unwrap() = pod;
     let second = review_bytes_with(
-        Endpoint::Mutate,
+        Stage::Mutate,
         &case.policy,
         &case.context,
         &serde_json::to_vec(&again).unwrap(),
@@ -392,7 +338,7 @@ fn check_mutation(case: &Case, response: &Value, failures: &mut Vec<String>) {
 
 #[tokio::test]
 async fn golden_cases() {
-    let dirs = cases();
+    let dirs = golden::dirs();
     assert!(!dirs.is_empty(), "no golden cases found");
     let mut failures = vec![];
     for dir in &dirs {
@@ -433,9 +379,9 @@ async fn golden_cases() {
             &mut failures,
         );
         match case.endpoint {
-            Endpoint::Mutate => {
+            Stage::Mutate => {
                 check_mutation(&case, &response, &mut failures);
-                let mutated = if is_workload(&case) {
+                let mutated = if case.case.is_workload() {
                     "mutatedObject"
                 } else {
                     "mutatedPod"
@@ -454,7 +400,8 @@ async fn golden_cases() {
                     }
                 }
             }
-            Endpoint::Validate => stale(&case.dir.join("mutated.yaml"), &mut failures),
+            // A case is a review posted to one webhook (case.yaml's endpoint).
+            Stage::Validate | Stage::All => stale(&case.dir.join("mutated.yaml"), &mut failures),
         }
     }
     assert!(
@@ -479,4 +426,37 @@ fn a_wrong_golden_is_reported() {
         golden(&dir.path().join("missing.json"), "{}\n", &mut failures);
         assert_eq!(failures.len(), 2);
     }
+}
+
+/// A case that replays what the apiserver sent names the fixture (`fixture:` in its
+/// case.yaml) rather than holding a copy: no file of a golden folder is a fixture, byte for
+/// byte or as the same JSON.
+#[test]
+fn no_golden_file_is_a_copy_of_a_fixture() {
+    let fixtures: Vec<(String, Vec<u8>, Value)> = common::fixture_names()
+        .into_iter()
+        .map(|n| {
+            let bytes = common::fixture(&n);
+            let json = serde_json::from_slice(&bytes).unwrap();
+            (n, bytes, json)
+        })
+        .collect();
+    let mut copies = vec![];
+    for dir in golden::dirs() {
+        for file in std::fs::read_dir(&dir).unwrap() {
+            let path = file.unwrap().path();
+            let bytes = std::fs::read(&path).unwrap();
+            let json: Option<Value> = serde_json::from_slice(&bytes).ok();
+            for (name, fb, fj) in &fixtures {
+                if bytes == *fb || json.as_ref() == Some(fj) {
+                    copies.push(format!("{} is {name}", path.display()));
+                }
+            }
+        }
+    }
+    assert!(
+        copies.is_empty(),
+        "name the fixture instead:\n{}",
+        copies.join("\n")
+    );
 }

@@ -356,7 +356,7 @@ fn values_change_what_they_name_and_nothing_else() {
     let text = all["ConfigMap/tollgate-policy"]["data"]["default.yaml"]
         .as_str()
         .unwrap();
-    let policy = tollgate_core::policy::Policy::from_text("values.policy", text).unwrap();
+    let policy = tollgate_core::Policy::from_text("values.policy", text).unwrap();
     assert_eq!(
         format!("{:?}", policy.validation.mode).to_lowercase(),
         "warn"
@@ -770,7 +770,7 @@ async fn the_chart_installed_runs_tollgate_with_its_rbac_sufficient_and_no_wider
         },
     );
     let log = dir.path().join("serve.log");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    let mut child = common::bin::command()
         .args(&args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -183,3 +183,60 @@ async fn text_logs_are_plain_lines_with_the_same_fields() {
     // Not a terminal: no colour escape codes.
     assert!(served.lines().iter().all(|l| !l.contains('\u{1b}')));
 }
+
+/// With the API server unreachable, the log says so once, with its URL, for every watch
+/// and Lease together, and not again within the minute: not a line a retry (177 lines in
+/// 8 s before, 82 of them kube-client's `client error (Connect)` without the URL).
+#[test]
+fn an_unreachable_api_server_is_said_once_with_its_url() {
+    // A port nothing listens on: bound, then closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (dir, ca) = process::workdir();
+    let kubeconfig = dir.path().join("unreachable.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: k\n  cluster:\n    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\ncontexts:\n- name: c\n  context: {{cluster: k, user: u, namespace: tollgate-system}}\nusers:\n- name: u\n  user: {{token: t}}\n"
+        ),
+    )
+    .unwrap();
+    let kubeconfig = kubeconfig.display().to_string();
+    let served = process::serve(
+        dir,
+        ca,
+        None,
+        "json",
+        &[
+            "--cluster-context",
+            "on",
+            "--kubeconfig",
+            &kubeconfig,
+            "--audit-interval",
+            "1m",
+        ],
+    );
+    // Every watch and both Leases have failed a few times over by then.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let lines = served.lines();
+    let url = format!("https://127.0.0.1:{port}/");
+    let said: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("cannot reach the API server"))
+        .collect();
+    assert_eq!(said.len(), 1, "{lines:#?}");
+    assert!(said[0].contains(&url), "{}", said[0]);
+    assert!(said[0].contains("Connection refused"), "{}", said[0]);
+    assert!(
+        lines.iter().all(|l| !l.contains("client error (Connect)")),
+        "{lines:#?}"
+    );
+    let warnings = lines
+        .iter()
+        .filter(|l| l.contains("\"WARN\"") || l.contains("\"ERROR\""))
+        .count();
+    assert_eq!(warnings, 1, "{lines:#?}");
+}

@@ -252,6 +252,52 @@ async fn reviews_are_counted_by_endpoint_operation_result_step_reason_and_opt_ou
     server.running.shutdown().await;
 }
 
+/// A TollgateProfile the validating webhook refuses (a quantity that does not parse) is
+/// counted with a reason of its own, never `unknown`.
+#[tokio::test]
+async fn a_refused_policy_object_is_counted_with_its_reason() {
+    let server = net::start(|_| {}).await;
+    let mut c = Client::connect(server.addr(), &server.ca_pem, false).await;
+    let review = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "profile-1",
+            "kind": {"group": "tollgate.dev", "version": "v1alpha1", "kind": "TollgateProfile"},
+            "resource": {"group": "tollgate.dev", "version": "v1alpha1", "resource": "tollgateprofiles"},
+            "namespace": "team-a",
+            "name": "default",
+            "operation": "CREATE",
+            "userInfo": {"username": "alice"},
+            "object": {
+                "apiVersion": "tollgate.dev/v1alpha1",
+                "kind": "TollgateProfile",
+                "metadata": {"name": "default", "namespace": "team-a"},
+                "spec": {"mutation": {"defaultResources": {"perGpu": {"memory": "lots"}}}}
+            }
+        }
+    });
+    let (s, body) = c
+        .post("/validate", serde_json::to_vec(&review).unwrap())
+        .await;
+    assert_eq!(s, 200);
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["response"]["allowed"], false, "{v}");
+    let m = scrape(&server).await;
+    assert_eq!(
+        scrape::value(
+            &m,
+            "tollgate_denials_total",
+            &[("reason", "invalid_policy_object")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        scrape::value(&m, "tollgate_denials_total", &[("reason", "unknown")]),
+        None
+    );
+}
+
 #[tokio::test]
 async fn in_flight_counts_a_review_whose_body_is_still_arriving() {
     let server = net::start(|o| o.limits.review_deadline = Duration::from_secs(30)).await;

@@ -11,46 +11,17 @@ use std::sync::OnceLock;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Value};
-use tollgate_core::cluster::Objects;
-use tollgate_core::gpu::Gpus;
-use tollgate_core::mutate::Outcome;
-use tollgate_core::policy::{Policy, SidecarMode};
-use tollgate_core::profile::PodLabels;
-use tollgate_core::quantity;
-use tollgate_core::review::{review_bytes_with, Endpoint};
+
+use tollgate_core::{
+    is_non_overcommittable, parse_quantity, review_bytes_with, Gpus, Objects, PodLabels, Policy,
+    Report, SidecarMode, Stage,
+};
 
 use crate::common;
 use crate::common::apiserver::Verdict;
+use crate::common::rng::Rng;
 
 const CASES: u64 = 1500;
-
-/// xorshift64*: good enough to spread cases, and reproducible from a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
 
 const CPUS: &[&str] = &["100m", "500m", "1", "1500m", "2", "3", "8", "0.5"];
 const MEMS: &[&str] = &[
@@ -88,7 +59,7 @@ fn pair(
     }
     let a = *rng.pick(values);
     let b = *rng.pick(values);
-    let (lo, hi) = if quantity::parse(a).unwrap() <= quantity::parse(b).unwrap() {
+    let (lo, hi) = if parse_quantity(a).unwrap() <= parse_quantity(b).unwrap() {
         (a, b)
     } else {
         (b, a)
@@ -397,14 +368,14 @@ fn policies() -> Vec<(&'static str, Policy)> {
 }
 
 /// The mutation steps as a review runs them on a pod of namespace `ml`, in [`context`].
-fn mutate(policy: &Policy, pod: &mut Pod) -> Outcome {
+fn mutate(policy: &Policy, pod: &mut Pod) -> Report {
     let gpus = Gpus::of(policy, pod, "ml", context());
-    tollgate_core::mutate::mutate(policy, pod, &gpus, None)
+    tollgate_core::mutate(policy, pod, &gpus, None)
 }
 
 fn is_training_pod(policy: &Policy, pod: &Pod) -> bool {
     let gpus = Gpus::of(policy, pod, "ml", context());
-    tollgate_core::mutate::is_training_pod(policy, pod, &gpus)
+    tollgate_core::is_training_pod(policy, pod, &gpus)
 }
 
 fn all_containers(p: &Pod) -> Vec<&Container> {
@@ -453,14 +424,14 @@ fn check(seed: u64, policy_name: &str, policy: &Policy, input: &Value) {
         for (name, req) in &requests {
             let Some(lim) = limits.get(name) else {
                 assert!(
-                    !quantity::is_non_overcommittable(name) || quantity::parse(&req.0).is_err(),
+                    !is_non_overcommittable(name) || parse_quantity(&req.0).is_err(),
                     "{name} requested without a limit in {}: {}",
                     c.name,
                     ctx()
                 );
                 continue;
             };
-            let (Ok(req), Ok(lim)) = (quantity::parse(&req.0), quantity::parse(&lim.0)) else {
+            let (Ok(req), Ok(lim)) = (parse_quantity(&req.0), parse_quantity(&lim.0)) else {
                 continue;
             };
             if name == "cpu" || name == "memory" {
@@ -471,7 +442,7 @@ fn check(seed: u64, policy_name: &str, policy: &Policy, input: &Value) {
                     ctx()
                 );
             }
-            if quantity::is_non_overcommittable(name) {
+            if is_non_overcommittable(name) {
                 assert_eq!(lim, req, "{name} in {}: {}", c.name, ctx());
             }
         }
@@ -580,7 +551,7 @@ fn generated_reviews_patch_cleanly() {
         review["request"]["object"] = object.clone();
         review["request"]["namespace"] = json!("ml");
         let body = serde_json::to_vec(&review).unwrap();
-        let reviewed = review_bytes_with(Endpoint::Mutate, &policy, context, &body).unwrap();
+        let reviewed = review_bytes_with(Stage::Mutate, &policy, context, &body).unwrap();
         assert!(reviewed.response.allowed, "seed {seed}");
         let mut patched = object.clone();
         if let Some(patch) = &reviewed.patch() {
@@ -588,7 +559,7 @@ fn generated_reviews_patch_cleanly() {
         }
         let mut expected: Pod = serde_json::from_value(object.clone()).unwrap();
         let labels = expected.metadata.labels.clone();
-        let chosen = tollgate_core::profile::select(
+        let chosen = tollgate_core::select_profile(
             &policy,
             "ml",
             PodLabels::Parsed(labels.as_ref()),
@@ -596,12 +567,12 @@ fn generated_reviews_patch_cleanly() {
         );
         assert_eq!(chosen.profile.is_some(), profiled, "seed {seed}");
         let gpus = Gpus::of(chosen.policy, &expected, "ml", context);
-        tollgate_core::mutate::mutate(chosen.policy, &mut expected, &gpus, chosen.profile);
+        tollgate_core::mutate(chosen.policy, &mut expected, &gpus, chosen.profile);
         // A second pass over what the apiserver stores yields no patch.
         let mut again = review.clone();
         again["request"]["object"] = patched.clone();
         let second = review_bytes_with(
-            Endpoint::Mutate,
+            Stage::Mutate,
             &policy,
             context,
             &serde_json::to_vec(&again).unwrap(),
@@ -721,13 +692,13 @@ fn check_agreement(seed: u64, policy: &Policy, input: &Value) {
     let mut pod = before.clone();
     mutate(policy, &mut pod);
     let mut defaulted = serde_json::to_value(&pod).unwrap();
-    tollgate_core::pod::default_requests_from_limits(&mut defaulted);
+    tollgate_core::default_requests_from_limits(&mut defaulted);
     let defaulted: Pod = serde_json::from_value(defaulted).unwrap();
     let dr = &policy.mutation.default_resources;
     if !dr.enabled {
         return;
     }
-    for missing in tollgate_core::validate::missing_requests(policy, &defaulted) {
+    for missing in tollgate_core::missing_requests(policy, &defaulted) {
         let c = all_containers(&defaulted)
             .into_iter()
             .find(|c| c.name == missing.container)
@@ -738,7 +709,7 @@ fn check_agreement(seed: u64, policy: &Policy, input: &Value) {
                 .iter()
                 .chain(r.limits.iter())
                 .flatten()
-                .any(|(_, q)| quantity::parse(&q.0).is_err())
+                .any(|(_, q)| parse_quantity(&q.0).is_err())
         });
         if unreadable {
             continue;
@@ -764,7 +735,7 @@ fn limit_extended_requests(pod: &mut Value) {
         for c in pod["spec"][list].as_array_mut().into_iter().flatten() {
             let requests = c["resources"]["requests"].clone();
             for (k, v) in requests.as_object().into_iter().flatten() {
-                if quantity::is_non_overcommittable(k) && c["resources"]["limits"][k].is_null() {
+                if is_non_overcommittable(k) && c["resources"]["limits"][k].is_null() {
                     if !c["resources"]["limits"].is_object() {
                         c["resources"]["limits"] = json!({});
                     }
@@ -865,7 +836,7 @@ async fn generated_pods_as_mutated_are_accepted_by_the_apiserver() {
         review["request"]["object"] = input.clone();
         review["request"]["namespace"] = json!("ml");
         let body = serde_json::to_vec(&review).unwrap();
-        let reviewed = review_bytes_with(Endpoint::Mutate, &policy, context(), &body).unwrap();
+        let reviewed = review_bytes_with(Stage::Mutate, &policy, context(), &body).unwrap();
         let mut patched = input.clone();
         if let Some(patch) = &reviewed.patch() {
             json_patch::patch(&mut patched, patch).unwrap();

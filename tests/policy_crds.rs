@@ -6,15 +6,15 @@
 //! TollgateProfile (the aggregated `tollgate-profile-editor`) and nothing else of tollgate's.
 
 use crate::common;
+use tollgate_core::{crd_yaml, crds};
 
 use serde_json::Value;
-use tollgate_core::objects::crd;
 
 /// Where each CRD is shipped: deploy/base (kustomize) and the chart's crds/ (Helm installs
 /// those before the templates, and never deletes them).
 fn shipped() -> Vec<(String, Value)> {
     let mut out = vec![];
-    for c in crd::crds() {
+    for c in crds() {
         let name = c["metadata"]["name"].as_str().unwrap().to_owned();
         for dir in ["deploy/base/crds", "deploy/helm/tollgate/crds"] {
             out.push((format!("{dir}/{name}.yaml"), c.clone()));
@@ -33,7 +33,7 @@ fn bless() -> bool {
 fn the_shipped_crds_are_what_the_policy_types_generate() {
     let mut failures = vec![];
     for (path, generated) in shipped() {
-        let expected = crd::to_yaml(&generated).unwrap();
+        let expected = crd_yaml(&generated).unwrap();
         let read_back: Value = serde_saphyr::from_str(&expected).unwrap();
         assert_eq!(read_back, generated, "{path}: the YAML does not read back");
         let file = common::root().join(&path);
@@ -176,6 +176,9 @@ async fn a_tollgate_policy_is_held_to_the_schema() {
         ),
         "{e}"
     );
+    // Said of the field, not of `<nil>`.
+    assert!(e.contains("metadata.name: Invalid value"), "{e}");
+    assert!(!e.contains("<nil>"), "{e}");
     let e = refused(policy("default", json!({"validation": {"enabeld": true}})));
     assert!(
         e.contains("unknown field") && e.contains("spec.validation.enabeld"),
@@ -268,6 +271,10 @@ async fn a_tollgate_profile_holds_the_profile_sections() {
     let e = refused(profile(&ns, "team-a", json!({})));
     assert!(
         e.contains("only the name 'default' is allowed: a namespace has one TollgateProfile, named default"),
+        "{e}"
+    );
+    assert!(
+        e.contains("metadata.name: Invalid value") && !e.contains("<nil>"),
         "{e}"
     );
     for key in ["name", "match", "profiles", "namespaceProfiles"] {

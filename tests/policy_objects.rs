@@ -9,8 +9,8 @@
 //! one at a time ([`serial`]), as they share the Lease `tollgate-policy-status`, and
 //! delete what they create.
 //!
-//! What a plane without the CRDs does (the file in force, ready anyway) is shown against
-//! the in-process stand-in, which serves no tollgate.dev.
+//! What a cluster without the CRDs does (the file in force, ready anyway) is shown on
+//! `envtest::bare_plane`, where no test installs them.
 
 use crate::common;
 
@@ -339,14 +339,14 @@ async fn a_restart_with_objects_stored_is_ready_with_them_in_force() {
     delete(&admin, None).await;
 }
 
-/// A cluster without the CRDs (the stand-in serves no tollgate.dev): ready on the file,
-/// the metrics say the kinds are not served, reviews as ever.
+/// A cluster without the CRDs (`envtest::bare_plane`, which serves no tollgate.dev): ready
+/// on the file, the metrics say the kinds are not served, reviews as ever.
 #[tokio::test]
 async fn without_the_crds_the_file_is_in_force_and_the_server_ready() {
-    let api = tollgate_apiserver_standin::ApiServer::start().await;
-    let kubeconfig = tempfile::NamedTempFile::new().unwrap();
-    api.write_kubeconfig(kubeconfig.path()).unwrap();
-    let path = kubeconfig.into_temp_path().keep().unwrap();
+    let Some(cp) = common::envtest::bare_plane() else {
+        return;
+    };
+    let path = cp.kubeconfig("admin");
     let server = net::start(|o| {
         o.cluster = Some(ClusterOptions {
             kubeconfig: Some(path),

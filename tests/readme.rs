@@ -2,8 +2,6 @@
 
 use crate::common;
 
-use std::process::Command;
-
 fn readme() -> String {
     std::fs::read_to_string(common::root().join("README.md")).unwrap()
 }
@@ -40,12 +38,13 @@ fn cli_reference_names_every_flag_of_every_command() {
         "register",
         "export validating-admission-policy",
         "policy",
+        "completion",
     ] {
         assert!(
             text.contains(&format!("### `tollgate {cmd}")),
             "README documents {cmd}"
         );
-        let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        let out = common::bin::command()
             .args(cmd.split(' ').chain(["--help"]))
             .output()
             .unwrap();
@@ -76,7 +75,7 @@ fn the_curl_example_posts_a_fixture_that_exists() {
 
 #[test]
 fn serve_without_certificates_names_the_missing_flag() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    let out = common::bin::command()
         .args(["serve", "--metrics-listen", "off"])
         .output()
         .unwrap();
@@ -105,7 +104,7 @@ fn the_policy_objects_example_is_what_tollgate_policy_prints() {
         .nth(1)
         .and_then(|s| s.split("```").next())
         .expect("the console example of tollgate policy");
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+    let out = common::bin::command()
         .args(["policy", "-f", path.to_str().unwrap()])
         .args(["--namespace", "team-a", "-o", "table"])
         .output()
@@ -123,4 +122,147 @@ fn the_policy_objects_example_is_what_tollgate_policy_prints() {
         .map(|l| format!("{l}\n"))
         .collect();
     assert_eq!(printed, example);
+}
+
+/// The command list at the top of the CLI reference names every command `tollgate --help`
+/// lists, and each has its section.
+#[test]
+fn the_command_list_names_every_command() {
+    let text = readme();
+    let list = text
+        .split("`tollgate <")
+        .nth(1)
+        .and_then(|s| s.split('>').next())
+        .expect("the command list");
+    let listed: Vec<&str> = list.split('|').collect();
+    let out = common::bin::command().arg("--help").output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    let commands: Vec<&str> = help
+        .split("Commands:\n")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    let mut sorted = commands.clone();
+    sorted.sort_unstable();
+    let mut in_readme = listed.clone();
+    in_readme.sort_unstable();
+    assert_eq!(in_readme, sorted, "README's list: {listed:?}");
+    for c in commands {
+        assert!(
+            text.contains(&format!("### `tollgate {c}")),
+            "no section for {c}"
+        );
+    }
+}
+
+/// The workloads section's refused Deployment is refused by `tollgate review` with the
+/// message the README shows (up to its `...`).
+#[test]
+fn the_workload_refusal_example_is_what_review_says() {
+    let text = readme();
+    let section = text
+        .split("### Workloads (`POST /validate` and `POST /mutate`)")
+        .nth(1)
+        .expect("the workloads section");
+    let manifest = section
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|s| s.split("```").next())
+        .expect("the example Deployment");
+    let shown = section
+        .split("```\nError from server (Forbidden): admission webhook \"validate.tollgate.dev\" denied the request:\n")
+        .nth(1)
+        .and_then(|s| s.split("...\n```").next())
+        .expect("the example refusal");
+    let out = common::bin::run(&["review", "-o", "json", "-"], Some(manifest.as_bytes()));
+    assert_eq!(out.status.code(), Some(1), "refused as the README says");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let message = v[0]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(shown),
+        "README:\n{shown}\nreview:\n{message}"
+    );
+}
+
+/// Every reason of `tollgate_denials_total` and every verdict of the review log is in
+/// docs/operations.md, and every rule and category of the audit's JSON finding in the
+/// README: a new one does not compile here until it is listed.
+#[test]
+fn every_metric_reason_verdict_and_audit_category_is_documented() {
+    use tollgate_core::Rule;
+    use tollgate_core::Verdict;
+    let operations = std::fs::read_to_string(common::root().join("docs/operations.md")).unwrap();
+    let row = |name: &str| {
+        operations
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{name}`")))
+            .unwrap_or_else(|| panic!("docs/operations.md has no row for {name}"))
+            .to_owned()
+    };
+    let verdicts = [
+        Verdict::Skipped,
+        Verdict::Passed,
+        Verdict::MissingRequests,
+        Verdict::OptedOut,
+        Verdict::ForgedApproval,
+        Verdict::Infeasible,
+    ];
+    // Exhaustive: a new verdict is a compile error until the list above has it.
+    match verdicts[0] {
+        Verdict::Skipped
+        | Verdict::Passed
+        | Verdict::MissingRequests
+        | Verdict::OptedOut
+        | Verdict::ForgedApproval
+        | Verdict::Infeasible => {}
+    }
+    let (denials, verdict_row) = (row("tollgate_denials_total"), row("verdict"));
+    for v in verdicts {
+        assert!(
+            verdict_row.contains(&format!("`{}`", v.as_str())),
+            "log verdict {}",
+            v.as_str()
+        );
+    }
+    // What denies: validation's verdicts that refuse, and a policy object.
+    for reason in [
+        Verdict::MissingRequests.as_str(),
+        Verdict::ForgedApproval.as_str(),
+        Verdict::Infeasible.as_str(),
+        tollgate::metrics::POLICY_OBJECT_DENIED,
+    ] {
+        assert!(
+            denials.contains(&format!("`{reason}`")),
+            "denial reason {reason}"
+        );
+    }
+    let text = readme();
+    let table = text
+        .split("#### The JSON finding")
+        .nth(1)
+        .expect("the JSON finding's table");
+    let line = |field: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{field}`")))
+            .unwrap_or_else(|| panic!("no row for {field}"))
+            .to_owned()
+    };
+    let (rules, categories) = (line("rule"), line("category"));
+    for r in Rule::ALL {
+        assert!(
+            rules.contains(&format!("`{}`", r.as_str())),
+            "rule {}",
+            r.as_str()
+        );
+        assert!(
+            categories.contains(&format!("`{}`", r.category())),
+            "category {}",
+            r.category()
+        );
+    }
 }

@@ -4,26 +4,20 @@
 use crate::common;
 
 use serde_json::{json, Value};
-use tollgate_core::policy::{Policy, SidecarMode};
-use tollgate_core::review::{review_bytes, Endpoint};
+use tollgate_core::{review_bytes, Policy, SidecarMode, Stage};
 
 /// The mutation invariants the fuzz targets check: the patch applies to the object as sent,
 /// and a second pass over the patched object patches nothing.
 fn assert_patch_applies(policy: &Policy, review: &Value) -> Value {
     let body = serde_json::to_vec(review).unwrap();
-    let reviewed = review_bytes(Endpoint::Mutate, policy, &body).unwrap();
+    let reviewed = review_bytes(Stage::Mutate, policy, &body).unwrap();
     let patch = reviewed.patch().expect("a patch");
     let mut object = review["request"]["object"].clone();
     json_patch::patch(&mut object, &patch)
         .unwrap_or_else(|e| panic!("the patch does not apply to the object sent: {e}"));
     let mut again = review.clone();
     again["request"]["object"] = object.clone();
-    let second = review_bytes(
-        Endpoint::Mutate,
-        policy,
-        &serde_json::to_vec(&again).unwrap(),
-    )
-    .unwrap();
+    let second = review_bytes(Stage::Mutate, policy, &serde_json::to_vec(&again).unwrap()).unwrap();
     assert!(
         second.patch().is_none(),
         "second pass: {:?}",
@@ -79,16 +73,20 @@ fn sidecar_into_a_pod_without_a_containers_list() {
 /// write a limit (a per-GPU product, say) that it could not read back.
 #[test]
 fn formatted_quantities_parse_back() {
-    use tollgate_core::quantity::{format, format_for, parse};
+    use tollgate_core::{format_quantity, format_quantity_for, parse_quantity};
     for input in [
         "0000000000009950999000000000000000900019.5",
         "9950999000000000000000900019500m",
         "170141183460469231731",
         "170141183460469231731.687303715",
     ] {
-        let n = parse(input).unwrap_or_else(|e| panic!("{input}: {e}"));
-        for text in [format(n), format_for("cpu", n), format_for("memory", n)] {
-            assert_eq!(parse(&text), Ok(n), "{input} -> {n} -> {text}");
+        let n = parse_quantity(input).unwrap_or_else(|e| panic!("{input}: {e}"));
+        for text in [
+            format_quantity(n),
+            format_quantity_for("cpu", n),
+            format_quantity_for("memory", n),
+        ] {
+            assert_eq!(parse_quantity(&text), Ok(n), "{input} -> {n} -> {text}");
         }
     }
 }
@@ -98,9 +96,9 @@ fn formatted_quantities_parse_back() {
 /// for values near the top of the range.
 #[test]
 fn rounding_up_near_the_top_does_not_overflow() {
-    use tollgate_core::quantity::parse;
+    use tollgate_core::parse_quantity;
     // (2^67 - 1) * 2^60 * 10^-28 units: just below i128::MAX before the division by 10^19.
-    let n = parse("0.0000000147573952589676412927Ei").unwrap();
+    let n = parse_quantity("0.0000000147573952589676412927Ei").unwrap();
     let scaled: i128 = ((1i128 << 67) - 1) << 60;
     let d = 10i128.pow(19);
     assert_eq!(n, scaled / d + 1);
@@ -157,7 +155,7 @@ fn patches_apply_with_any_field_absent_or_null() {
                 }
                 for p in [&policy, &classic] {
                     let body = serde_json::to_vec(&r).unwrap();
-                    let Ok(reviewed) = review_bytes(Endpoint::Mutate, p, &body) else {
+                    let Ok(reviewed) = review_bytes(Stage::Mutate, p, &body) else {
                         continue;
                     };
                     if let Some(patch) = reviewed.patch() {

@@ -204,3 +204,67 @@ async fn a_policy_file_that_disappears_is_a_failure_and_the_policy_stays() {
     assert_eq!(validate(&mut c).await["allowed"], false);
     server.running.shutdown().await;
 }
+
+/// A policy file whose read stalls (a FIFO no one writes, as a hung network volume would
+/// stall) holds up no review: the polls read on tokio's blocking pool, not on the worker
+/// that serves. The test's runtime has one thread; were the read on it, no review could
+/// be answered until the watchdog below let the read finish.
+#[tokio::test]
+async fn a_policy_read_that_stalls_holds_up_no_review() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let (good, stall, path) = (
+        dir.path().join("good.yaml"),
+        dir.path().join("stall"),
+        dir.path().join("policy.yaml"),
+    );
+    std::fs::write(&good, default_policy()).unwrap();
+    symlink(&good, &path).unwrap();
+    let point_at = move |target: &Path, path: &Path| {
+        let tmp = path.with_extension("tmp");
+        symlink(target, &tmp).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    };
+    let server = net::start(|o| o.policy_path = Some(path.clone())).await;
+    let mut c = Client::connect(server.addr(), &server.ca_pem, false).await;
+    assert_eq!(validate(&mut c).await["allowed"], false);
+
+    let made = std::process::Command::new("mkfifo")
+        .arg(&stall)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // Lets the stuck read finish (the good policy's bytes, so nothing changes) once a
+    // review is answered, or after 15 s without one: then the test fails rather than
+    // hangs. The link goes back to the file first, so that no later poll stalls again.
+    let answered = Arc::new(AtomicBool::new(false));
+    let watchdog = {
+        let (answered, good, path, stall) =
+            (answered.clone(), good.clone(), path.clone(), stall.clone());
+        std::thread::spawn(move || {
+            let start = std::time::Instant::now();
+            while !answered.load(Ordering::Acquire) && start.elapsed() < Duration::from_secs(15) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let stalled = !answered.load(Ordering::Acquire);
+            point_at(&good, &path);
+            std::fs::write(&stall, default_policy()).unwrap();
+            stalled
+        })
+    };
+    point_at(&stall, &path);
+    // Polls every 50 ms: the next one is stuck opening the FIFO, and stays so. (Were the
+    // read on the test's one thread, even this sleep would last until the watchdog.)
+    tokio::time::sleep(interval_margin()).await;
+    let r = validate(&mut c).await;
+    answered.store(true, Ordering::Release);
+    let stalled = watchdog.join().unwrap();
+    assert!(
+        !stalled,
+        "the review waited for the policy file's read: it runs on the worker"
+    );
+    assert_eq!(r["allowed"], false, "{r}");
+    assert_eq!(ready(&mut c).await, 200);
+    server.running.shutdown().await;
+}

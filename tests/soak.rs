@@ -9,7 +9,7 @@
 use crate::common;
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +18,7 @@ use common::net::{self, Client};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
-use tollgate_core::review::{review_bytes, Endpoint};
+use tollgate_core::{review_bytes, Stage};
 
 /// Most valid reviews one run sends, whatever its duration.
 const MAX_REVIEWS: u64 = 2_000_000;
@@ -70,12 +70,12 @@ fn cases() -> Vec<(&'static str, Vec<u8>, String, bool, bool)> {
         .map(|name| {
             let body = common::fixture(&name);
             let endpoint = if name.contains("mutate") {
-                Endpoint::Mutate
+                Stage::Mutate
             } else {
-                Endpoint::Validate
+                Stage::Validate
             };
             let r = review_bytes(endpoint, &policy, &body).unwrap();
-            let path = if endpoint == Endpoint::Mutate {
+            let path = if endpoint == Stage::Mutate {
                 "/mutate"
             } else {
                 "/validate"
@@ -221,7 +221,7 @@ async fn soak() {
     let port = free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let server = Server(
-        Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        common::bin::command()
             .args([
                 "serve",
                 "--listen",

@@ -6,9 +6,9 @@
 //! the TrainJob from the cache; one that does not exist is fetched, found absent, and said
 //! so.
 //!
-//! Against the in-process stand-in: a runtime fetched because its watch was held back (on
-//! cue, which the real one cannot be made to do), and a cluster without Kubeflow Trainer
-//! (the real one serves the CRDs the binary's other tests installed).
+//! A cluster without Kubeflow Trainer is a real apiserver too (`envtest::bare_plane`, where
+//! no test installs a CRD). Against the in-process stand-in, only a runtime fetched because
+//! its watch was held back (on cue, which the real one cannot be made to do).
 
 use crate::common;
 
@@ -84,7 +84,7 @@ fn trainjob_review_in(ns: &str, runtime: &str, uid: &str) -> Vec<u8> {
             "trainer": {"numNodes": 2, "command": ["torchrun", "train.py"]}
         }
     });
-    let mut review = tollgate_core::pipeline::synthetic_review(&job, None, "alice", &[]);
+    let mut review = tollgate_core::synthetic_review(&job, None, "alice", &[]);
     review["request"]["uid"] = json!(uid);
     serde_json::to_vec(&review).unwrap()
 }
@@ -281,14 +281,17 @@ async fn a_runtime_the_watch_has_not_delivered_is_fetched_once() {
     server.running.shutdown().await;
 }
 
-/// A cluster without Kubeflow Trainer (stand-in: the real apiserver serves the CRDs the
-/// binary's other tests install): the server is ready, a TrainJob (which such a
-/// cluster could not hold anyway) is allowed with a warning, and the runtimes have no
-/// metric series.
+/// A cluster without Kubeflow Trainer (`envtest::bare_plane`): the server is ready, a
+/// TrainJob (which such a cluster could not hold anyway) is allowed with a warning, and the
+/// runtimes have no metric series.
 #[tokio::test]
 async fn without_trainer_the_server_is_ready_and_allows_with_a_warning() {
-    let api = ApiServer::start().await;
-    let server = server_against(&api).await;
+    let Some(cp) = common::envtest::bare_plane() else {
+        return;
+    };
+    let ns = cp.namespace("no-trainer", &[]).await;
+    let kubeconfig = context::shipped_identity(cp, &ns).await;
+    let server = without_default_limits(context::serve(kubeconfig, |_| {}).await);
     let mut c = Client::connect(server.addr(), &server.ca_pem, false).await;
     until("the first sync", async || ready(&mut c).await).await;
     // Once their lists answered 404, the runtimes have no metric series.
@@ -297,7 +300,7 @@ async fn without_trainer_the_server_is_ready_and_allows_with_a_warning() {
         text.contains("tollgate_cluster_cache_synced") && !text.contains("trainingruntimes")
     })
     .await;
-    let r = validate(&mut c, trainjob_review("torch-distributed", "e")).await;
+    let r = validate(&mut c, trainjob_review_in(&ns, "torch-distributed", "e")).await;
     assert_eq!(r["allowed"], true, "{r}");
     assert!(
         warnings(&r).contains("ClusterTrainingRuntime \"torch-distributed\""),

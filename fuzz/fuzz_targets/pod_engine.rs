@@ -5,8 +5,7 @@
 use arbitrary::Unstructured;
 use k8s_openapi::api::core::v1::Pod;
 use libfuzzer_sys::fuzz_target;
-use tollgate_core::policy::Operation;
-use tollgate_core::requester::Requester;
+use tollgate_core::{Operation, Requester};
 
 fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
@@ -35,14 +34,14 @@ fuzz_target!(|data: &[u8]| {
         },
     );
     for op in [Operation::Create, Operation::Update] {
-        let _ = tollgate_core::validate::validate(&policy, &before, op, &who);
+        let _ = tollgate_core::validate_pod(&policy, &before, op, &who);
     }
-    let _ = tollgate_core::optout::decide(&policy, &before, &who);
-    let offline = tollgate_core::cluster::Offline;
-    let gpus = tollgate_core::gpu::Gpus::of(&policy, &before, "ml", &offline);
-    let training = tollgate_core::mutate::is_training_pod(&policy, &before, &gpus);
+    let _ = tollgate_core::decide_opt_out(&policy, &before, &who);
+    let offline = tollgate_core::Offline;
+    let gpus = tollgate_core::Gpus::of(&policy, &before, "ml", &offline);
+    let training = tollgate_core::is_training_pod(&policy, &before, &gpus);
     let mut pod = before.clone();
-    let first = tollgate_core::mutate::mutate(&policy, &mut pod, &gpus, None);
+    let first = tollgate_core::mutate(&policy, &mut pod, &gpus, None);
     if !training {
         // mutate() itself does not look at selection; it must still behave.
     }
@@ -52,8 +51,8 @@ fuzz_target!(|data: &[u8]| {
     let mut patched = before_json.clone();
     json_patch::patch(&mut patched, &patch).expect("the diff applies to its input");
     assert_eq!(patched, after_json);
-    if tollgate_core::check::problems(&before).is_empty() {
-        let p = tollgate_core::check::problems(&pod);
+    if tollgate_core::pod_problems(&before).is_empty() {
+        let p = tollgate_core::pod_problems(&pod);
         assert!(
             p.is_empty(),
             "{p:?} after {:?}\n{before_json}",
@@ -61,8 +60,8 @@ fuzz_target!(|data: &[u8]| {
         );
     }
     let mut again: Pod = serde_json::from_value(after_json.clone()).unwrap();
-    let gpus = tollgate_core::gpu::Gpus::of(&policy, &again, "ml", &offline);
-    let second = tollgate_core::mutate::mutate(&policy, &mut again, &gpus, None);
+    let gpus = tollgate_core::Gpus::of(&policy, &again, "ml", &offline);
+    let second = tollgate_core::mutate(&policy, &mut again, &gpus, None);
     assert!(
         second.applied.is_empty(),
         "second pass applied {:?}\n{before_json}",
@@ -70,6 +69,6 @@ fuzz_target!(|data: &[u8]| {
     );
     assert_eq!(serde_json::to_value(&again).unwrap(), after_json);
     for op in [Operation::Create, Operation::Update] {
-        let _ = tollgate_core::validate::validate(&policy, &pod, op, &who);
+        let _ = tollgate_core::validate_pod(&policy, &pod, op, &who);
     }
 });

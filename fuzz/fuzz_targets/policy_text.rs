@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tollgate_core::policy::Policy;
+use tollgate_core::Policy;
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);

@@ -4,17 +4,14 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use tollgate_core::policy::Policy;
+use tollgate_core::Policy;
 
 static POLICY: OnceLock<Policy> = OnceLock::new();
 
 fuzz_target!(|data: &[u8]| {
     let policy = POLICY.get_or_init(tollgate_fuzz::default_policy);
-    for endpoint in [
-        tollgate_core::review::Endpoint::Mutate,
-        tollgate_core::review::Endpoint::Validate,
-    ] {
-        if let Ok(r) = tollgate_core::review::review_bytes(endpoint, policy, data) {
+    for endpoint in [tollgate_core::Stage::Mutate, tollgate_core::Stage::Validate] {
+        if let Ok(r) = tollgate_core::review_bytes(endpoint, policy, data) {
             let _ = r.to_json();
         }
     }

@@ -5,8 +5,7 @@ use arbitrary::{Result, Unstructured};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Value};
-use tollgate_core::policy::{Mode, Operation, Policy, SidecarMode};
-use tollgate_core::review::{review_bytes, Endpoint};
+use tollgate_core::{review_bytes, Mode, Operation, Policy, SidecarMode, Stage};
 
 pub const DEFAULT_POLICY: &str = include_str!("../../policies/default.yaml");
 
@@ -371,7 +370,7 @@ pub fn policy(u: &mut Unstructured<'_>) -> Result<Policy> {
 /// applies to the object sent; a valid pod stays valid; a second pass patches nothing.
 pub fn check_mutation(policy: &Policy, review: &Value) {
     let body = serde_json::to_vec(review).expect("a Value serialises");
-    let Ok(reviewed) = review_bytes(Endpoint::Mutate, policy, &body) else {
+    let Ok(reviewed) = review_bytes(Stage::Mutate, policy, &body) else {
         return;
     };
     let _ = reviewed.to_json();
@@ -399,7 +398,7 @@ pub fn check_mutation(policy: &Policy, review: &Value) {
     let mut again = review.clone();
     again["request"]["object"] = patched.clone();
     let body = serde_json::to_vec(&again).unwrap();
-    let second = review_bytes(Endpoint::Mutate, policy, &body).expect("second pass parses");
+    let second = review_bytes(Stage::Mutate, policy, &body).expect("second pass parses");
     assert!(
         second.patch().is_none(),
         "second pass patched again: {:?}\nfirst: {patch:?}\nobject: {object}",
@@ -408,8 +407,8 @@ pub fn check_mutation(policy: &Policy, review: &Value) {
 }
 
 fn check_still_valid(before: &Pod, after: &Pod, object: &Value) {
-    if tollgate_core::check::problems(before).is_empty() {
-        let p = tollgate_core::check::problems(after);
+    if tollgate_core::pod_problems(before).is_empty() {
+        let p = tollgate_core::pod_problems(after);
         assert!(
             p.is_empty(),
             "mutation made a valid pod invalid: {p:?}\n{object}"
@@ -421,7 +420,7 @@ fn check_still_valid(before: &Pod, after: &Pod, object: &Value) {
 pub fn check_review(policy: &Policy, review: &Value) {
     check_mutation(policy, review);
     let body = serde_json::to_vec(review).unwrap();
-    if let Ok(r) = review_bytes(Endpoint::Validate, policy, &body) {
+    if let Ok(r) = review_bytes(Stage::Validate, policy, &body) {
         let _ = r.to_json();
     }
 }

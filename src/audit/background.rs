@@ -22,8 +22,7 @@ use super::{AuditError, Auditor, Context, Namespaces, Pace, Totals};
 use crate::cluster::ClusterContext;
 use crate::lease::{self, Elector, LeaseOptions, Purpose};
 use crate::metrics::{AuditMetrics, FindingLabels, ReportLabels, ResultLabels};
-use tollgate_core::audit::Rule;
-use tollgate_core::policy::Policy;
+use tollgate_core::{Policy, Rule};
 
 /// How the server audits: `--audit-interval`, `--audit-rate`, and the Lease.
 #[derive(Debug, Clone)]
@@ -124,7 +123,7 @@ pub fn start(
     auditor.exclude = opts
         .exclude
         .iter()
-        .map(|g| tollgate_core::glob::Glob::new(g))
+        .map(|g| tollgate_core::Glob::new(g))
         .collect();
     let waits_for_sync = cluster.clone();
     if let Some(c) = cluster {

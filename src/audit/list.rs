@@ -15,12 +15,13 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{classify, AuditError, Auditor, Namespaces, Needs};
-use crate::cluster::dra;
 use crate::cluster::nodes::{NodeView, ShapeIndex};
 use crate::cluster::pages;
-use tollgate_core::capacity::Nodes;
-use tollgate_core::cluster::{self, Objects};
-use tollgate_core::policy::{FeasibilityMode, Policy};
+use crate::cluster::{dra, kueue};
+use tollgate_core::{
+    claim_from, claim_template_from, namespace_and_name, FeasibilityMode, Nodes, Objects, Policy,
+    KUEUE_API_VERSIONS,
+};
 
 /// Objects per list request: the page size kube's reflectors and kubectl use.
 pub const PAGE_SIZE: u32 = 500;
@@ -111,7 +112,7 @@ pub async fn namespaces(
                     None => break,
                 }
             }
-            out.retain(|n| !tollgate_core::glob::any(&a.exclude, &n.name));
+            out.retain(|n| !tollgate_core::matches_any(&a.exclude, &n.name));
             out.sort_by(|x, y| x.name.cmp(&y.name));
             Ok(out)
         }
@@ -120,12 +121,15 @@ pub async fn namespaces(
 
 /// What an audit reads once per run for every namespace: the DRA version the cluster
 /// serves, and what feasibility compares pods with cluster-wide (its nodes by shape, its
-/// DeviceClasses; None: not read, for the reason in [`Auditor::unread`]).
+/// DeviceClasses, Kueue's ClusterQueues and the version it serves them in; None: not read,
+/// for the reason in [`Auditor::unread`], or not served).
 #[derive(Debug, Default)]
 pub struct ClusterWide {
     pub dra: Option<&'static str>,
     pub nodes: Option<Arc<Nodes>>,
     pub device_classes: Option<Arc<BTreeSet<String>>>,
+    pub kueue: Option<&'static str>,
+    pub cluster_queues: Option<Arc<BTreeMap<String, Arc<Value>>>>,
 }
 
 /// Whether the policy, one of its profiles, or a namespace's TollgateProfile over either,
@@ -165,9 +169,11 @@ fn discovery_failed(a: &Auditor, e: kube::Error) -> AuditError {
 }
 
 /// Reads what [`ClusterWide`] holds: discovery, then (when the policy judges feasibility)
-/// the nodes, in pages, kept by shape, and the DeviceClasses' names. Nodes or classes the
-/// identity may not list (403), or a cluster without them (404), leave them out: the
-/// audit says so and feasibility says nothing of them.
+/// the nodes, in pages, kept by shape, the DeviceClasses' names, and Kueue's ClusterQueues
+/// in the newest version the cluster serves (found by discovery, as the server's cluster
+/// context finds them). Nodes, classes or queues the identity may not list (403), or a
+/// cluster without them (404, or Kueue not served), leave them out: the audit says so of
+/// a 403 and feasibility says nothing of them.
 pub async fn cluster_wide(a: &Auditor, policy: &Policy) -> Result<ClusterWide, AuditError> {
     let dra = dra::discover(&a.client)
         .await
@@ -211,6 +217,26 @@ pub async fn cluster_wide(a: &Auditor, policy: &Policy) -> Result<ClusterWide, A
             wide.device_classes = Some(Arc::new(names));
         }
     }
+    wide.kueue = dra::newest_served(&a.client, &KUEUE_API_VERSIONS)
+        .await
+        .map_err(|e| discovery_failed(a, e))?;
+    if let Some(version) = wide.kueue {
+        let resource = dra::resource(version, "ClusterQueue", "clusterqueues");
+        let mut queues = BTreeMap::new();
+        let listed = match raw_pages(a, &resource, None, |q| {
+            if let Ok(q) = kueue::queue(&q) {
+                queues.insert(namespace_and_name(&q).1, q);
+            }
+        })
+        .await
+        {
+            Ok(()) => true,
+            Err(e) => unreadable(a, "clusterqueues.kueue.x-k8s.io", None, e)?,
+        };
+        if listed {
+            wide.cluster_queues = Some(Arc::new(queues));
+        }
+    }
     Ok(wide)
 }
 
@@ -247,7 +273,8 @@ fn unreadable(
 
 /// A namespace's cluster context: the namespace, its ResourceClaimTemplates and
 /// standalone ResourceClaims (of the DRA version the cluster serves, read as v1), its
-/// ResourceQuotas and what `wide` holds (when the policy judges feasibility), and the
+/// ResourceQuotas and Kueue LocalQueues and what `wide` holds (when the policy judges
+/// feasibility), and the
 /// Kubeflow Trainer runtimes its TrainJobs may name (its TrainingRuntimes and the
 /// ClusterTrainingRuntimes), when the policy judges TrainJobs. Claims generated from a
 /// template for one pod are left out: a pod names its template, which is what the engine
@@ -268,7 +295,7 @@ pub async fn context(
             a,
             &templates,
             Some(&ns.name),
-            |t| match cluster::claim_template_from(&t) {
+            |t| match claim_template_from(&t) {
                 Ok(t) => objects.add_template(t),
                 Err(e) => unreadable = Some(e),
             },
@@ -286,7 +313,7 @@ pub async fn context(
             if generated {
                 return;
             }
-            match cluster::claim_from(&c) {
+            match claim_from(&c) {
                 Ok(mut c) => {
                     c.status = None;
                     objects.add_claim(c);
@@ -299,6 +326,7 @@ pub async fn context(
         if let Some(e) = unreadable {
             return Err(AuditError::Api {
                 what: format!("reading the DRA objects of namespace {:?}", ns.name),
+                status: None,
                 detail: e,
             });
         }
@@ -327,6 +355,24 @@ pub async fn context(
                 crate::cluster::trim_quota(&mut q);
                 objects.add_quota(q);
             }
+        }
+        if let Some(version) = wide.kueue {
+            let resource = dra::resource(version, "LocalQueue", "localqueues");
+            let mut queues = BTreeMap::new();
+            let listed = match raw_pages(a, &resource, Some(&ns.name), |q| {
+                if let Ok(q) = kueue::queue(&q) {
+                    queues.insert(namespace_and_name(&q), q);
+                }
+            })
+            .await
+            {
+                Ok(()) => true,
+                Err(e) => unreadable(a, "localqueues.kueue.x-k8s.io", Some(&ns.name), e)?,
+            };
+            if listed {
+                objects.local_queues = Some(queues);
+            }
+            objects.cluster_queues = wide.cluster_queues.clone();
         }
     }
     let trainjobs = in_namespace(policy, &ns.name)
@@ -409,12 +455,12 @@ pub async fn policy_objects(
     a: &Auditor,
     scope: &Namespaces,
 ) -> Result<(Vec<Value>, Vec<String>), AuditError> {
-    use tollgate_core::objects::{
-        GROUP, POLICY_KIND, POLICY_PLURAL, PROFILE_KIND, PROFILE_PLURAL, VERSION,
+    use tollgate_core::{
+        POLICY_GROUP, POLICY_KIND, POLICY_PLURAL, POLICY_VERSION, PROFILE_KIND, PROFILE_PLURAL,
     };
     // GROUP/VERSION, as discovery names it (a &'static str).
     const SERVED: &str = "tollgate.dev/v1alpha1";
-    debug_assert_eq!(SERVED, format!("{GROUP}/{VERSION}"));
+    debug_assert_eq!(SERVED, format!("{POLICY_GROUP}/{POLICY_VERSION}"));
     let served = dra::newest_served(&a.client, &[SERVED])
         .await
         .map_err(|e| discovery_failed(a, e))?;
@@ -431,7 +477,7 @@ pub async fn policy_objects(
         (POLICY_KIND, POLICY_PLURAL, None),
         (PROFILE_KIND, PROFILE_PLURAL, namespace),
     ] {
-        let gvk = kube::api::GroupVersionKind::gvk(GROUP, VERSION, kind);
+        let gvk = kube::api::GroupVersionKind::gvk(POLICY_GROUP, POLICY_VERSION, kind);
         let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
         let needs = Needs {
             verb: "list",
@@ -539,6 +585,7 @@ impl<'a> Page<'a> {
         self.items.into_iter().map(move |raw| {
             let mut item: Value = serde_json::from_slice(&raw).map_err(|e| AuditError::Api {
                 what: format!("list {}", kind.plural),
+                status: None,
                 detail: e.to_string(),
             })?;
             if let Some(o) = item.as_object_mut() {

@@ -1,6 +1,6 @@
 //! The audit of a live cluster: `tollgate audit` and the server's background audit.
 //!
-//! Each object is judged by the engine ([`tollgate_core::audit::judge`]) as a CREATE of it
+//! Each object is judged by the engine ([`tollgate_core::audit_object`]) as a CREATE of it
 //! would be; this module only reads the cluster and hands the findings on:
 //!
 //! - [`list`]: the namespaces in scope, and per namespace the objects to judge and the
@@ -27,12 +27,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::Client;
-use serde_json::Value;
 
 use crate::cluster::ClusterContext;
-use tollgate_core::audit::{self as engine, Audited, OptOutState};
-use tollgate_core::cluster::{Cluster, Lookup, Objects};
-use tollgate_core::policy::Policy;
+use tollgate_core::{audit_object, controlled, Audited, Objects, OptOutState, Policy};
 
 pub use list::NamespaceInfo;
 
@@ -54,11 +51,14 @@ pub enum AuditError {
     Unauthorized { url: String, detail: String },
     #[error("forbidden: tollgate audit needs {needs} ({detail})")]
     Forbidden { needs: String, detail: String },
+    /// `status`: the HTTP status the API server answered with, where it answered; what
+    /// callers decide on (a 404 on a list: the kind is not served), never the text.
     #[error("{what}: {detail}")]
-    Api { what: String, detail: String },
-    /// Only a bug in the engine could cause it.
-    #[error("judging {object}: {detail}")]
-    Judge { object: String, detail: String },
+    Api {
+        what: String,
+        status: Option<u16>,
+        detail: String,
+    },
     #[error("writing the output: {0}")]
     Output(#[from] std::io::Error),
     /// The audit was asked to stop (the server is shutting down, or lost the lease).
@@ -97,31 +97,23 @@ pub fn classify(url: &str, needs: Needs<'_>, e: kube::Error) -> AuditError {
         },
         kube::Error::Api(s) => AuditError::Api {
             what: format!("{} {}", needs.verb, needs.resource),
+            status: Some(s.code),
             detail: format!("{} {}: {}", s.code, s.reason, s.message),
         },
         other @ (kube::Error::HyperError(_) | kube::Error::Service(_)) => AuditError::Unreachable {
             url: url.to_owned(),
-            detail: innermost(&other),
+            detail: crate::kubeconfig::innermost(&other),
         },
         other => AuditError::Api {
             what: format!("{} {}", needs.verb, needs.resource),
-            detail: innermost(&other),
+            status: None,
+            detail: crate::kubeconfig::innermost(&other),
         },
     }
 }
 
-/// The deepest cause of an error: "Connection refused (os error 111)" rather than the
-/// layers of client machinery wrapped around it.
-fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut cur = e;
-    while let Some(next) = cur.source() {
-        cur = next;
-    }
-    cur.to_string()
-}
-
-/// Where the objects' cluster context (DRA claims and templates, namespace labels, nodes,
-/// quotas, DeviceClasses) comes from.
+/// Where the objects' cluster context (DRA claims and templates, namespace labels, Trainer
+/// runtimes, nodes, quotas, DeviceClasses, Kueue's queues) comes from.
 #[derive(Clone)]
 pub enum Context {
     /// Listed per namespace, kept while the namespace is audited: what the command does.
@@ -130,55 +122,11 @@ pub enum Context {
     Shared(Arc<dyn ClusterContext>),
 }
 
-/// The server's context as the engine's [`Cluster`].
-struct Via<'a>(&'a dyn ClusterContext);
-
-impl Cluster for Via<'_> {
-    fn resource_claim(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Lookup<Arc<k8s_openapi::api::resource::v1::ResourceClaim>> {
-        self.0.resource_claim(namespace, name)
-    }
-    fn resource_claim_template(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Lookup<Arc<k8s_openapi::api::resource::v1::ResourceClaimTemplate>> {
-        self.0.resource_claim_template(namespace, name)
-    }
-    fn namespace(&self, name: &str) -> Lookup<Arc<k8s_openapi::api::core::v1::Namespace>> {
-        self.0.namespace(name)
-    }
-    fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<serde_json::Value>> {
-        self.0.training_runtime(namespace, name)
-    }
-    fn cluster_training_runtime(&self, name: &str) -> Lookup<Arc<serde_json::Value>> {
-        self.0.cluster_training_runtime(name)
-    }
-    fn is_offline(&self) -> bool {
-        self.0.is_offline()
-    }
-    fn nodes(&self) -> Option<Lookup<Arc<tollgate_core::capacity::Nodes>>> {
-        self.0.nodes()
-    }
-    fn resource_quotas(
-        &self,
-        namespace: &str,
-    ) -> Option<Lookup<Arc<[Arc<k8s_openapi::api::core::v1::ResourceQuota>]>>> {
-        self.0.resource_quotas(namespace)
-    }
-    fn device_classes(&self) -> Option<Lookup<Arc<std::collections::BTreeSet<String>>>> {
-        self.0.device_classes()
-    }
-}
-
 /// Counts of one namespace's (or a whole audit's) objects.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Totals {
     pub namespaces: u64,
-    /// Objects judged, by kind (`Pod`).
+    /// Objects judged, by kind as a person reads it (`pod`, `job.batch.volcano.sh`).
     pub objects: BTreeMap<String, u64>,
     pub refused: u64,
     pub mutated: u64,
@@ -191,7 +139,9 @@ pub struct Totals {
 
 impl Totals {
     pub fn add(&mut self, a: &Audited) {
-        *self.objects.entry(a.object.kind.clone()).or_default() += 1;
+        // By the kind's name with its group where two share a name: a Volcano Job is not
+        // counted with batch's Jobs.
+        *self.objects.entry(a.object.noun()).or_default() += 1;
         self.refused += u64::from(a.refused());
         self.mutated += u64::from(a.mutated());
         match a.opt_out {
@@ -232,7 +182,7 @@ impl Totals {
         } else {
             self.objects
                 .iter()
-                .map(|(kind, n)| plural(*n, &kind.to_ascii_lowercase()))
+                .map(|(noun, n)| plural(*n, noun))
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -282,7 +232,7 @@ pub struct Auditor {
     pub page_size: u32,
     /// Namespaces (names or globs) left out of an audit of all namespaces: those the
     /// webhooks never act in.
-    pub exclude: Vec<tollgate_core::glob::Glob>,
+    pub exclude: Vec<tollgate_core::Glob>,
     /// The workload kinds not listed, and why: the cluster answered 404 (their CRD is not
     /// installed, `None`) or 403 (the identity may not list them). Not asked for again in
     /// the namespaces after, until [`Auditor::start_run`].
@@ -392,12 +342,10 @@ impl Auditor {
             ..Totals::default()
         };
         let local: Objects;
-        let shared: Via<'_>;
-        let cluster: &(dyn Cluster + Sync) = match &self.context {
-            Context::Shared(c) => {
-                shared = Via(c.as_ref());
-                &shared
-            }
+        // Either is a whole context (the server's caches, or what was listed for this
+        // namespace), seen by the engine as its `Cluster` through trait upcasting.
+        let cluster: &dyn ClusterContext = match &self.context {
+            Context::Shared(c) => c.as_ref(),
             Context::PerNamespace => {
                 let wide = self.cluster_wide(policy).await?;
                 local = list::context(self, namespace, policy, &wide).await?;
@@ -416,9 +364,9 @@ impl Auditor {
                     Ok(None) => break,
                     // A workload kind the cluster does not serve (no Ray, no Volcano
                     // installed): nothing of it to judge.
-                    Err(AuditError::Api { detail, .. })
-                        if !is_pod && detail.starts_with("404 ") =>
-                    {
+                    Err(AuditError::Api {
+                        status: Some(404), ..
+                    }) if !is_pod => {
                         self.skip(&kind, None);
                         break;
                     }
@@ -435,11 +383,11 @@ impl Auditor {
                     // A workload a controller made (a Deployment's ReplicaSet, a CronJob's
                     // Job) is its parent's template again: judged at the parent, and
                     // its pods are judged as pods.
-                    if !is_pod && engine::controlled(&object) {
+                    if !is_pod && controlled(&object) {
                         continue;
                     }
                     let started = Instant::now();
-                    let audited = judge(policy, cluster, object)?;
+                    let audited = audit_object(policy, cluster, object);
                     let busy = started.elapsed();
                     totals.add(&audited);
                     found(&audited)?;
@@ -453,25 +401,4 @@ impl Auditor {
 
 fn absent_key(kind: &kube::api::ApiResource) -> String {
     format!("{}/{}", kind.api_version, kind.plural)
-}
-
-fn judge(
-    policy: &Policy,
-    cluster: &(dyn Cluster + Sync),
-    object: Value,
-) -> Result<Audited, AuditError> {
-    let name = || {
-        let s = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or("");
-        format!(
-            "{} {}/{}",
-            s("/kind"),
-            s("/metadata/namespace"),
-            s("/metadata/name")
-        )
-    };
-    let object_name = name();
-    engine::judge(policy, cluster, object).map_err(|e| AuditError::Judge {
-        object: object_name,
-        detail: e.to_string(),
-    })
 }

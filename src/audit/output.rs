@@ -8,7 +8,7 @@
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
-use tollgate_core::audit::Audited;
+use tollgate_core::Audited;
 
 use super::report::ReportBuilder;
 use super::{NamespaceInfo, Totals};
@@ -85,7 +85,7 @@ impl<W: Write> Writer<W> {
                     writeln!(self.out, "NAMESPACE {}", ns.name)?;
                     self.header = true;
                 }
-                let object = format!("{}/{}", a.object.kind.to_ascii_lowercase(), a.object.name);
+                let object = format!("{}/{}", a.object.noun(), a.object.name);
                 for f in &a.findings {
                     writeln!(
                         self.out,
@@ -147,7 +147,7 @@ impl<W: Write> Writer<W> {
     }
 }
 
-/// `audited 12,500 pods, 14 of 40 namespaces`, rewritten in place on standard error while
+/// `audited 12,500 objects, 14 of 40 namespaces`, rewritten in place on standard error while
 /// it is a terminal; nothing at all when it is not.
 pub struct Progress {
     enabled: bool,
@@ -192,7 +192,7 @@ impl Progress {
 
     pub fn line(&self) -> String {
         format!(
-            "audited {} pods, {} of {} namespaces",
+            "audited {} objects, {} of {} namespaces",
             thousands(self.objects),
             thousands(self.done),
             thousands(self.total)
@@ -261,7 +261,7 @@ mod tests {
         for _ in 0..14 {
             p.namespace_done();
         }
-        assert_eq!(p.line(), "audited 12,500 pods, 14 of 40 namespaces");
+        assert_eq!(p.line(), "audited 12,500 objects, 14 of 40 namespaces");
         assert!(!p.shown);
     }
 }

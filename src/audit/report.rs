@@ -21,7 +21,7 @@ use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams
 use kube::Api;
 use serde_json::{json, Value};
 
-use tollgate_core::audit::{Audited, Finding, Rule, Status};
+use tollgate_core::{Audited, Finding, FindingStatus, Rule};
 
 pub const API_VERSION: &str = "wgpolicyk8s.io/v1alpha2";
 pub const KIND: &str = "PolicyReport";
@@ -90,10 +90,10 @@ impl ReportBuilder {
         }
         for f in &a.findings {
             let n = match f.status {
-                Status::Fail => &mut self.summary.fail,
-                Status::Warn => &mut self.summary.warn,
-                Status::Skip => &mut self.summary.skip,
-                Status::Error => &mut self.summary.error,
+                FindingStatus::Fail => &mut self.summary.fail,
+                FindingStatus::Warn => &mut self.summary.warn,
+                FindingStatus::Skip => &mut self.summary.skip,
+                FindingStatus::Error => &mut self.summary.error,
             };
             *n += 1;
             *self.by_rule.entry(f.rule.as_str()).or_default() += 1;
@@ -142,12 +142,9 @@ fn result(a: &Audited, f: &Finding, seconds: i64) -> Value {
     properties.insert("optOut".into(), json!(a.opt_out.as_str()));
     properties.insert(
         "profile".into(),
-        json!(a
-            .profile
-            .as_deref()
-            .unwrap_or(tollgate_core::policy::BASE_PROFILE)),
+        json!(a.profile.as_deref().unwrap_or(tollgate_core::BASE_PROFILE)),
     );
-    properties.insert("mode".into(), json!(tollgate_core::audit::mode_str(a.mode)));
+    properties.insert("mode".into(), json!(a.mode.as_str()));
     if f.rule == Rule::Requests {
         let missing: Vec<String> = f
             .missing
@@ -343,9 +340,9 @@ pub async fn namespaces_with_reports(client: &kube::Client) -> Result<Vec<String
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate_core::audit::judge;
-    use tollgate_core::cluster::Objects;
-    use tollgate_core::policy::Policy;
+    use tollgate_core::audit_object;
+    use tollgate_core::Objects;
+    use tollgate_core::Policy;
 
     fn notebook(i: usize) -> Value {
         json!({"apiVersion": "v1", "kind": "Pod",
@@ -361,10 +358,10 @@ mod tests {
             "metadata": {"name": "ok", "namespace": "ml", "uid": "u-ok"},
             "spec": {"containers": [{"name": "c", "image": "c",
                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}});
-        b.add(&judge(&policy, &Objects::complete(), fine).unwrap());
+        b.add(&audit_object(&policy, &Objects::complete(), fine));
         assert!(!b.has_findings());
         for i in 0..MAX_RESULTS + 5 {
-            b.add(&judge(&policy, &Objects::complete(), notebook(i)).unwrap());
+            b.add(&audit_object(&policy, &Objects::complete(), notebook(i)));
         }
         let r = b.build();
         assert_eq!(r["apiVersion"], API_VERSION);
@@ -387,7 +384,7 @@ mod tests {
     #[test]
     fn unchanged_findings_keep_their_time_and_are_the_same_report() {
         let policy = Policy::builtin();
-        let a = judge(&policy, &Objects::complete(), notebook(1)).unwrap();
+        let a = audit_object(&policy, &Objects::complete(), notebook(1));
         let mut first = ReportBuilder::new("ml", 100);
         first.add(&a);
         let mut second = ReportBuilder::new("ml", 200);

@@ -7,26 +7,19 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use super::kubectl::{self, ClusterFlags, Manifests, NamespaceFlags};
 use super::objects::PolicyObjects;
 use crate::audit::output::{Format, Progress, Writer};
 use crate::audit::{AuditError, Auditor, Namespaces, Totals, Unpaced};
-use crate::kubeconfig::{load_client_config, KubeconfigSources};
 
 #[derive(Args, Debug)]
 pub struct AuditArgs {
-    /// Kubeconfig [default: $KUBECONFIG, ~/.kube/config, else the in-cluster
-    /// configuration].
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-    /// Kubeconfig context [default: its current context].
-    #[arg(long)]
-    pub context: Option<String>,
-    /// Audit this namespace [default: the kubeconfig context's namespace, else "default"].
-    #[arg(short = 'n', long, conflicts_with = "all_namespaces")]
-    pub namespace: Option<String>,
-    /// Audit every namespace.
-    #[arg(short = 'A', long)]
-    pub all_namespaces: bool,
+    #[command(flatten)]
+    pub cluster: ClusterFlags,
+    /// -n: audit this namespace (`get` on it, for the labels policy profiles match on);
+    /// -A: every namespace (`list` on namespaces).
+    #[command(flatten)]
+    pub namespaces: NamespaceFlags,
     /// Only objects whose labels match this selector (`app=train,tier!=cpu`).
     #[arg(short = 'l', long)]
     pub selector: Option<String>,
@@ -35,13 +28,13 @@ pub struct AuditArgs {
     /// composed with it, as the server composes them.
     #[arg(long)]
     pub policy: Option<PathBuf>,
-    /// A TollgatePolicy and TollgateProfiles to audit with as if they were applied: a file
-    /// or a directory of .yaml, .yml and .json files; each replaces the cluster's object of
-    /// the same name (repeatable). Other objects in them are left out.
-    #[arg(short = 'f', long = "filename", value_name = "FILE")]
-    pub files: Vec<PathBuf>,
+    /// A TollgatePolicy and TollgateProfiles to audit with as if they were applied (-f,
+    /// -k): each replaces the cluster's object of the same name. Other objects in them are
+    /// left out.
+    #[command(flatten)]
+    pub manifests: Manifests,
     /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Table)]
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
     pub output: Format,
 }
 
@@ -65,24 +58,51 @@ pub fn run(a: &AuditArgs) -> i32 {
     match runtime.block_on(audit(a)) {
         Ok((totals, objects_ok)) if totals.refused > 0 || !objects_ok => 1,
         Ok(_) => 0,
-        Err(message) => {
+        // Its reader went away (`| head`): nobody is left to tell, as with kubectl.
+        Err(Ended::Closed) => 0,
+        Err(Ended::Because(message)) => {
             eprintln!("tollgate: {message}");
             2
         }
     }
 }
 
-async fn audit(a: &AuditArgs) -> Result<(Totals, bool), String> {
+/// Why an audit ended before its summary.
+enum Ended {
+    /// Standard output was closed.
+    Closed,
+    /// The one line to show.
+    Because(String),
+}
+
+impl From<String> for Ended {
+    fn from(s: String) -> Ended {
+        Ended::Because(s)
+    }
+}
+
+impl From<AuditError> for Ended {
+    fn from(e: AuditError) -> Ended {
+        match e {
+            AuditError::Output(e) if kubectl::closed(&e) => Ended::Closed,
+            e => Ended::Because(e.to_string()),
+        }
+    }
+}
+
+async fn audit(a: &AuditArgs) -> Result<(Totals, bool), Ended> {
     let file = super::objects::file_layer(a.policy.as_deref())?;
     // A file that does not load is unusable before the cluster is asked anything.
     super::objects::compose(file.as_ref(), &PolicyObjects::default())?;
-    let given = super::policy::read_objects(&a.files, a.namespace.as_deref())?;
-    let sources = KubeconfigSources::from_process_env(a.kubeconfig.clone());
-    let config = load_client_config(&sources, a.context.as_deref(), NO_CLUSTER)
+    let namespace = a.namespaces.namespace.as_ref();
+    let given = super::policy::read_objects(&a.manifests, namespace.map(String::as_str))?;
+    let config = a
+        .cluster
+        .config(NO_CLUSTER)
         .await
         .map_err(|e| format!("{e:#}"))?;
     let url = config.cluster_url.to_string();
-    let scope = match (&a.namespace, a.all_namespaces) {
+    let scope = match (namespace, a.namespaces.all_namespaces) {
         (_, true) => Namespaces::All,
         (Some(ns), false) => Namespaces::One(ns.clone()),
         (None, false) => Namespaces::One(config.default_namespace.clone()),
@@ -93,9 +113,7 @@ async fn audit(a: &AuditArgs) -> Result<(Totals, bool), String> {
     auditor.selector.clone_from(&a.selector);
     // The policy in force: the file, with the cluster's TollgatePolicy and TollgateProfiles
     // (those given replacing them), so that each namespace is judged with its profile.
-    let (listed, unread) = crate::audit::list::policy_objects(&auditor, &scope)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (listed, unread) = crate::audit::list::policy_objects(&auditor, &scope).await?;
     for why in unread {
         eprintln!(
             "tollgate: audited without the cluster's objects of a kind it may not read: {why}"
@@ -125,14 +143,14 @@ async fn audit(a: &AuditArgs) -> Result<(Totals, bool), String> {
     for (what, why) in auditor.unread() {
         eprintln!("tollgate: whether pods can run was judged without what needs {what}: {why}");
     }
-    let totals = result.map_err(|e| e.to_string())?;
-    writer.finish(&totals).map_err(|e| e.to_string())?;
+    let totals = result?;
+    writer.finish(&totals).map_err(AuditError::from)?;
     Ok((totals, objects_ok))
 }
 
 async fn run_audit<W: std::io::Write>(
     auditor: &Auditor,
-    policy: &tollgate_core::policy::Policy,
+    policy: &tollgate_core::Policy,
     scope: &Namespaces,
     writer: &mut Writer<W>,
 ) -> Result<Totals, AuditError> {

@@ -4,8 +4,9 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use tollgate_core::export::{self, NoteKind, Options};
-use tollgate_core::policy::{Policy, BUILTIN_SOURCE};
+
+use super::kubectl::Manifests;
+use tollgate_core::{validating_admission_policy, ExportOptions, NoteKind, Policy, BUILTIN_SOURCE};
 
 #[derive(Args, Debug)]
 pub struct ExportArgs {
@@ -29,12 +30,13 @@ pub struct VapArgs {
     #[arg(long)]
     pub policy: Option<PathBuf>,
     /// A TollgatePolicy and TollgateProfiles to compose with the file, as the server
-    /// composes them: a file or a directory, such as the output of `kubectl get
-    /// tollgatepolicies,tollgateprofiles -A -o yaml` (repeatable). The export covers the
-    /// cluster's policy; the TollgateProfiles it does not cover are named.
-    #[arg(short = 'f', long = "filename", value_name = "FILE")]
-    pub files: Vec<PathBuf>,
+    /// composes them (-f, -k): such as the output of `kubectl get
+    /// tollgatepolicies,tollgateprofiles -A -o yaml`. The export covers the cluster's
+    /// policy; the TollgateProfiles it does not cover are named.
+    #[command(flatten)]
+    pub manifests: Manifests,
     /// tollgate's namespace, never selected (like kube-system), as with `tollgate register`.
+    /// Not kubectl's -n: the namespace tollgate itself runs in, not one to read.
     #[arg(long, value_name = "NS", default_value = "tollgate-system")]
     pub namespace: String,
     /// Exit with status 1, printing no YAML, if the policy asks for something the export
@@ -66,9 +68,9 @@ fn run_vap(a: &VapArgs) -> i32 {
             return 2;
         }
     };
-    let out = export::validating_admission_policy(
+    let out = validating_admission_policy(
         &policy,
-        &Options {
+        &ExportOptions {
             namespace_selector,
             source,
         },
@@ -93,8 +95,11 @@ fn run_vap(a: &VapArgs) -> i32 {
         "tollgate export: how the policy and the webhook differ: deploy/README.md, \
          \"Native validation\""
     );
-    print!("{}", out.yaml);
-    0
+    if super::kubectl::print(&out.yaml) {
+        0
+    } else {
+        2
+    }
 }
 
 /// The file (or the built-in policy) and the objects given, composed; and how the
@@ -102,7 +107,7 @@ fn run_vap(a: &VapArgs) -> i32 {
 /// apply it, and said so.
 fn composed(a: &VapArgs) -> Result<(Policy, String), String> {
     let file = super::objects::file_layer(a.policy.as_deref())?;
-    let found = super::policy::read_objects(&a.files, None)?;
+    let found = super::policy::read_objects(&a.manifests, None)?;
     let composed = super::objects::compose(file.as_ref(), &found)?;
     for s in composed.statuses.iter().filter(|s| !s.ready) {
         eprintln!("tollgate export: not applied: {}", s.message);

@@ -2,6 +2,7 @@
 
 mod audit;
 mod export;
+pub mod kubectl;
 mod objects;
 mod policy;
 mod review;
@@ -11,14 +12,14 @@ pub use export::{ExportArgs, ExportCommand, VapArgs};
 pub use policy::PolicyArgs;
 pub use review::{
     add_context, documents, read, run_review, split, synthetic_review, CliResult, Entered, Entry,
-    Input, Output, ReviewArgs, Skipped, Stage,
+    Input, Output, ReviewArgs, Skipped,
 };
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory as _, Parser, Subcommand};
 
 use crate::server::{self, Limits, ServeOptions};
 use crate::telemetry::{self, LogFormat};
@@ -26,7 +27,7 @@ use crate::telemetry::{self, LogFormat};
 #[derive(Parser, Debug)]
 #[command(
     name = "tollgate",
-    version,
+    version = env!("TOLLGATE_VERSION"),
     about = "Admission webhook for machine-learning training pods"
 )]
 pub struct Cli {
@@ -54,6 +55,16 @@ pub enum Command {
     /// the built-in policy, the file, the TollgatePolicy, a cluster profile, the
     /// namespace's TollgateProfile.
     Policy(PolicyArgs),
+    /// Print a shell's completion script: `source <(tollgate completion bash)`, or
+    /// `tollgate completion zsh > "${fpath[1]}/_tollgate"`.
+    Completion(CompletionArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CompletionArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 #[derive(Args, Debug)]
@@ -62,8 +73,9 @@ pub struct ServeArgs {
     /// of policies/default.yaml].
     #[arg(long)]
     pub policy: Option<PathBuf>,
-    /// Address for the webhook [default: 0.0.0.0:8443, or 127.0.0.1:8443 with --dev].
-    #[arg(long)]
+    /// Address for the webhook, as Kubernetes components take one: `HOST:PORT`, or `:PORT`
+    /// for every interface [default: 0.0.0.0:8443, or 127.0.0.1:8443 with --dev].
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen)]
     pub listen: Option<SocketAddr>,
     /// Serving certificate (PEM); reloaded when it changes.
     #[arg(long, requires = "tls_key", conflicts_with = "dev")]
@@ -118,9 +130,9 @@ pub struct ServeArgs {
     /// before the certificate it signs is served, and the old one after.
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     pub ca_overlap: Duration,
-    /// Address for Prometheus metrics (plain HTTP, GET /metrics); "off" disables
-    /// [default: 0.0.0.0:9090, or 127.0.0.1:9090 with --dev].
-    #[arg(long)]
+    /// Address for Prometheus metrics (plain HTTP, GET /metrics): `HOST:PORT`, `:PORT`
+    /// for every interface, or "off" [default: 0.0.0.0:9090, or 127.0.0.1:9090 with --dev].
+    #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,
     /// Log format [default: json, or text with --dev].
     #[arg(long, value_enum)]
@@ -194,7 +206,8 @@ pub struct ServeArgs {
 pub enum CertSource {
     /// `--tls-cert` and `--tls-key`, re-read when they change.
     Files,
-    /// A Secret tollgate keeps itself (`crate::selfmanaged`).
+    /// A Secret tollgate creates and renews itself through the API server, its CA kept in
+    /// both webhook configurations.
     SelfManaged,
 }
 
@@ -232,6 +245,15 @@ pub fn main() -> i32 {
             }
         },
         Command::Review(a) => review::run(&a),
+        Command::Completion(a) => {
+            let mut script = Vec::new();
+            clap_complete::generate(a.shell, &mut Cli::command(), "tollgate", &mut script);
+            if kubectl::print(&String::from_utf8_lossy(&script)) {
+                0
+            } else {
+                1
+            }
+        }
         Command::Audit(a) => audit::run(&a),
         Command::Export(a) => export::run(&a),
         Command::Policy(a) => policy::run(&a),
@@ -285,10 +307,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| SocketAddr::new(local.parse().expect("literal address"), 8443));
     let metrics_listen = match a.metrics_listen.as_deref() {
         Some("off") => None,
-        Some(s) => Some(
-            s.parse()
-                .map_err(|e| anyhow::anyhow!("--metrics-listen {s:?}: {e}"))?,
-        ),
+        Some(s) => Some(parse_listen(s).map_err(|e| anyhow::anyhow!("--metrics-listen {e}"))?),
         None => Some(SocketAddr::new(
             local.parse().expect("literal address"),
             9090,
@@ -385,6 +404,17 @@ fn self_managed_options(a: &ServeArgs) -> crate::selfmanaged::Options {
     }
 }
 
+/// A listening address as Kubernetes components take one (Go's `net.Listen`): `HOST:PORT`
+/// (`127.0.0.1:8443`, `[::1]:8443`), or `:PORT` for every interface.
+pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    let bad = |why: String| format!("{text:?}: {why}; expected HOST:PORT or :PORT");
+    if let Some(port) = text.strip_prefix(':') {
+        let port: u16 = port.parse().map_err(|e| bad(format!("port: {e}")))?;
+        return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+    }
+    text.parse().map_err(|e| bad(format!("{e}")))
+}
+
 /// `500ms`, `30s`, `10m`, `1h30m`, `365d`: a number and a unit, repeated.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let bad = || format!("{text:?} is not a duration such as 30s, 10m or 1h30m");
@@ -427,6 +457,23 @@ fn dev_certs() -> anyhow::Result<(PathBuf, PathBuf)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn addresses_read_as_kubernetes_components_take_them() {
+        assert_eq!(
+            parse_listen(":8443"),
+            Ok(SocketAddr::from(([0, 0, 0, 0], 8443)))
+        );
+        assert_eq!(
+            parse_listen("127.0.0.1:9090"),
+            Ok(SocketAddr::from(([127, 0, 0, 1], 9090)))
+        );
+        assert!(parse_listen("[::1]:8443").is_ok());
+        for bad in ["8443", ":", ":http", "localhost"] {
+            let e = parse_listen(bad).unwrap_err();
+            assert!(e.contains("HOST:PORT or :PORT"), "{e}");
+        }
+    }
 
     #[test]
     fn durations_read_as_kubectl_writes_them() {

@@ -1,6 +1,6 @@
 //! The policy as the commands read it outside the server: the file (`--policy`) and the
 //! TollgatePolicy and TollgateProfiles (`tollgate.dev/v1alpha1`) found in their input,
-//! composed by the engine (`objects::compose`) as the server composes the watched ones.
+//! composed by the engine (`compose_policy`) as the server composes the watched ones.
 //!
 //! A command has no last good spec of an object (the server keeps it, across its own
 //! compositions): an object that does not load is not applied, and its status says so.
@@ -10,16 +10,17 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use tollgate_core::objects::{
-    self, Candidate, Composed, ObjectStatus, Stored, GROUP, POLICY_KIND, PROFILE_KIND, VERSION,
+use tollgate_core::{
+    compose_policy, Candidate, Composed, InForce, ObjectStatus, Stored, Written, POLICY_GROUP,
+    POLICY_KIND, POLICY_VERSION, PROFILE_KIND,
 };
-use tollgate_core::policy::Written;
 
 /// Whether `doc` is a TollgatePolicy or TollgateProfile of the served version.
 pub fn is_policy_object(doc: &Value) -> bool {
     let api = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
-    api.split_once('/') == Some((GROUP, VERSION)) && matches!(kind, POLICY_KIND | PROFILE_KIND)
+    api.split_once('/') == Some((POLICY_GROUP, POLICY_VERSION))
+        && matches!(kind, POLICY_KIND | PROFILE_KIND)
 }
 
 /// The TollgatePolicy and TollgateProfiles of an input, each with where it was read; a
@@ -73,7 +74,7 @@ impl PolicyObjects {
 pub fn file_layer(path: Option<&Path>) -> Result<Option<Written>, String> {
     let Some(path) = path else { return Ok(None) };
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    objects::file_layer(&path.display().to_string(), &text)
+    tollgate_core::file_layer(&path.display().to_string(), &text)
         .map(Some)
         .map_err(|e| e.to_string())
 }
@@ -88,23 +89,23 @@ pub fn compose(file: Option<&Written>, found: &PolicyObjects) -> Result<Composed
     }
     let cluster = found.cluster.as_ref().map(|(_, s)| s);
     let profiles: Vec<Candidate<'_>> = found.profiles.values().map(|(_, s)| candidate(s)).collect();
-    objects::compose(file, cluster.map(candidate), &profiles).map_err(|e| e.to_string())
+    compose_policy(file, cluster.map(candidate), &profiles).map_err(|e| e.to_string())
 }
 
 /// A status in the machine form of the commands' JSON output.
 pub fn status_json(s: &ObjectStatus) -> Value {
     serde_json::json!({
         "kind": if s.namespace.is_empty() { POLICY_KIND } else { PROFILE_KIND },
-        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "apiVersion": format!("{POLICY_GROUP}/{POLICY_VERSION}"),
         "namespace": s.namespace,
         "name": s.name,
         "ready": s.ready,
         "reason": s.reason,
         "message": s.message,
         "inForce": match s.in_force {
-            objects::InForce::Current => "current",
-            objects::InForce::LastGood => "lastGood",
-            objects::InForce::Nothing => "nothing",
+            InForce::Current => "current",
+            InForce::LastGood => "lastGood",
+            InForce::Nothing => "nothing",
         },
     })
 }

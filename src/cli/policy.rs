@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 
+use super::kubectl::Manifests;
 use super::objects::{self, PolicyObjects};
-use tollgate_core::cluster::Objects;
-use tollgate_core::objects::explain::{self, Explained, Leaf};
-use tollgate_core::policy::Policy;
-use tollgate_core::profile::{self, PodLabels};
+use tollgate_core::{
+    explain_policy, select_profile, Explained, Leaf, Objects, PodLabels, Policy, ValueSource,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -30,12 +30,11 @@ pub struct PolicyArgs {
     /// Policy file (YAML) [default: the built-in policy, a copy of policies/default.yaml].
     #[arg(long)]
     pub policy: Option<PathBuf>,
-    /// The TollgatePolicy and TollgateProfiles to compose with it: a file or a directory
-    /// of .yaml, .yml and .json files, such as the output of `kubectl get
-    /// tollgatepolicies,tollgateprofiles -A -o yaml` (repeatable; a later object replaces
-    /// an earlier one of the same name). Other objects in them are left out.
-    #[arg(short = 'f', long = "filename", value_name = "FILE")]
-    pub files: Vec<PathBuf>,
+    /// The TollgatePolicy and TollgateProfiles to compose with it (-f, -k): such as the
+    /// output of `kubectl get tollgatepolicies,tollgateprofiles -A -o yaml` (a later object
+    /// replaces an earlier one of the same name). Other objects in them are left out.
+    #[command(flatten)]
+    pub manifests: Manifests,
     /// The namespace whose pods' policy to show, with its TollgateProfile, if any
     /// [default: the cluster's policy, as a namespace without a TollgateProfile gets it].
     /// A TollgateProfile written without a namespace is in this one, else in "default".
@@ -64,7 +63,9 @@ pub struct PolicyArgs {
 pub fn run(a: &PolicyArgs) -> i32 {
     match show(a) {
         Ok((text, statuses_ok)) => {
-            print!("{text}");
+            if !super::kubectl::print(&text) {
+                return 2;
+            }
             if statuses_ok {
                 0
             } else {
@@ -80,7 +81,7 @@ pub fn run(a: &PolicyArgs) -> i32 {
 
 fn show(a: &PolicyArgs) -> Result<(String, bool), String> {
     let file = objects::file_layer(a.policy.as_deref())?;
-    let found = read_objects(&a.files, a.namespace.as_deref())?;
+    let found = read_objects(&a.manifests, a.namespace.as_deref())?;
     let composed = objects::compose(file.as_ref(), &found)?;
     for s in composed.statuses.iter().filter(|s| !s.ready) {
         eprintln!("tollgate: {}", s.message);
@@ -94,7 +95,7 @@ fn show(a: &PolicyArgs) -> Result<(String, bool), String> {
             .as_deref()
             .and_then(|ns| cluster_profile(policy, ns, a)),
     };
-    let explained = explain::explain(policy, a.namespace.as_deref(), chosen.as_deref())
+    let explained = explain_policy(policy, a.namespace.as_deref(), chosen.as_deref())
         .map_err(|e| e.to_string())?;
     let text = match a.output {
         Format::Json => {
@@ -113,18 +114,17 @@ fn show(a: &PolicyArgs) -> Result<(String, bool), String> {
 /// profile without a namespace in `namespace`, else `default`; what else they hold is
 /// left out, and said so on standard error.
 pub(super) fn read_objects(
-    files: &[PathBuf],
+    manifests: &Manifests,
     namespace: Option<&str>,
 ) -> Result<PolicyObjects, String> {
     let default_ns = namespace.unwrap_or("default");
     let mut found = PolicyObjects::default();
     let mut left_out = 0;
-    for path in files {
-        for (name, text) in super::review::read_paths(path, false)? {
-            for d in super::review::read(&text, default_ns).map_err(|e| format!("{name}: {e}"))? {
-                if !found.add(&name, &d) {
-                    left_out += 1;
-                }
+    for t in manifests.texts(&[])? {
+        let docs = super::review::read(&t.text, default_ns).map_err(|e| format!("{}: {e}", t.name));
+        for d in docs? {
+            if !found.add(&t.name, &d) {
+                left_out += 1;
             }
         }
     }
@@ -137,7 +137,7 @@ pub(super) fn read_objects(
 }
 
 /// The cluster profile the pods of `namespace` with the labels given get, as the webhook
-/// chooses it (`profile::select`), over the policy without the namespaces' profiles (whose
+/// chooses it (`select_profile`), over the policy without the namespaces' profiles (whose
 /// names would say which layer, not which cluster profile).
 fn cluster_profile(policy: &Policy, namespace: &str, a: &PolicyArgs) -> Option<String> {
     let mut bare = policy.clone();
@@ -149,7 +149,7 @@ fn cluster_profile(policy: &Policy, namespace: &str, a: &PolicyArgs) -> Option<S
     ns.metadata.labels = Some(labels);
     let mut cluster = Objects::complete();
     cluster.add_namespace(ns);
-    let selected = profile::select(
+    let selected = select_profile(
         &bare,
         namespace,
         PodLabels::Parsed(a.pod_labels.as_ref()),
@@ -245,12 +245,8 @@ fn table(leaves: &[Leaf]) -> String {
     out
 }
 
-fn to_json(
-    e: &Explained,
-    a: &PolicyArgs,
-    statuses: &[tollgate_core::objects::ObjectStatus],
-) -> Value {
-    let source = |s: &explain::Source| json!({"kind": s.kind(), "name": s.to_string()});
+fn to_json(e: &Explained, a: &PolicyArgs, statuses: &[tollgate_core::ObjectStatus]) -> Value {
+    let source = |s: &ValueSource| json!({"kind": s.kind(), "name": s.to_string()});
     json!({
         "namespace": a.namespace,
         "policy": e.name,

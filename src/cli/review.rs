@@ -1,9 +1,12 @@
-//! `tollgate review`: the engine offline, on the objects of a file or a directory, as a
-//! cluster with both webhooks would judge them.
+//! `tollgate review`: the engine offline, on the objects of files, directories and
+//! kustomizations, as a cluster with both webhooks would judge them.
 //!
-//! The input is taken as `kubectl apply -f` takes it: a file of one JSON document or any
-//! number of YAML documents (`---`), a `kind: List` among them expanded, or a directory of
-//! such files (`.yaml`, `.yml`, `.json`; `-R` goes into subdirectories). Pods, workloads
+//! The input is taken as `kubectl apply` takes it (`cli::kubectl::Manifests`: files named
+//! or given with `-f`, `-k DIR` built by `kubectl kustomize`): a file of one JSON document
+//! or any number of YAML documents (`---`), numbered in their file, a `kind: List` among
+//! them expanded, or a directory of such files (`.yaml`, `.yml`, `.json`; `-R` goes into
+//! subdirectories). What is not a Kubernetes object (a kustomization.yaml, a Helm values
+//! file, a directory's file that is no YAML) is listed as skipped, never fatal. Pods, workloads
 //! (the kinds of the policy's `workloads.kinds`: Jobs, Deployments, PyTorchJobs, ...) and
 //! AdmissionReviews are what is reviewed, in input order; ResourceClaims and
 //! ResourceClaimTemplates (`resource.k8s.io` v1, v1beta2 or v1beta1, read as v1) and
@@ -20,22 +23,21 @@
 //! input does not hold does not exist, as far as the review knows.
 
 use std::collections::BTreeMap;
-use std::io::Read as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::Namespace;
 
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 
+use super::kubectl::{kind_noun, Document, Manifests};
 use super::objects::{self, PolicyObjects};
-use tollgate_core::cluster::{self, Cluster, Objects};
-use tollgate_core::objects::ObjectStatus;
-pub use tollgate_core::pipeline::synthetic_review;
-use tollgate_core::pipeline::{self, group_version};
-use tollgate_core::policy::Policy;
-use tollgate_core::review::Reviewed;
-use tollgate_core::workload::TemplateVerdict;
+pub use tollgate_core::synthetic_review;
+use tollgate_core::{
+    claim_from, claim_template_from, group_version, place_in_namespace, run_pipeline, Cluster,
+    Judged, ObjectStatus, Objects, Policy, Reviewed, Stage, TemplateVerdict, DRA_API_VERSIONS,
+    KUEUE_API_VERSIONS,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -43,28 +45,32 @@ pub enum Output {
     Json,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Stage {
-    /// Mutate, then validate the mutated pod (after the apiserver's defaulting), as a
-    /// cluster with both webhooks would.
-    All,
-    /// Only the mutating webhook.
-    Mutate,
-    /// Only the validating webhook.
-    Validate,
+/// `--stage`: the engine's [`Stage`], each value with the help `--help` shows.
+fn stage_parser() -> impl clap::builder::TypedValueParser<Value = Stage> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser as _};
+    PossibleValuesParser::new([
+        PossibleValue::new(Stage::All.as_str()).help(
+            "Mutate, then validate the mutated pod (after the apiserver's defaulting), as a cluster with both webhooks would",
+        ),
+        PossibleValue::new(Stage::Mutate.as_str()).help("Only the mutating webhook"),
+        PossibleValue::new(Stage::Validate.as_str()).help("Only the validating webhook"),
+    ])
+    // Only those three reach here, and each parses.
+    .map(|s| s.parse().unwrap_or(Stage::All))
 }
 
 #[derive(Args, Debug)]
 pub struct ReviewArgs {
     /// Pods and workloads (YAML or JSON) or AdmissionReviews (JSON), with the
     /// ResourceClaims, ResourceClaimTemplates and Namespaces they refer to, and the
-    /// TollgatePolicy and TollgateProfiles to judge them with: a file, a directory of
-    /// .yaml, .yml and .json files (as `kubectl apply -f DIR`), or "-" for standard input.
-    /// Other objects are listed as not reviewed.
-    pub file: String,
-    /// With a directory: its subdirectories too.
-    #[arg(short = 'R', long)]
-    pub recursive: bool,
+    /// TollgatePolicy and TollgateProfiles to judge them with: files, directories of
+    /// .yaml, .yml and .json files (as `kubectl apply -f DIR`), or "-" for standard input,
+    /// as many as -f takes. Other objects are listed as not reviewed; documents that are
+    /// not Kubernetes objects (a kustomization.yaml, a Helm values file) as skipped.
+    #[arg(value_name = "FILE")]
+    pub files: Vec<String>,
+    #[command(flatten)]
+    pub manifests: Manifests,
     /// A saved picture of the cluster to review against: its Nodes, ResourceQuotas and
     /// DeviceClasses (and claims, namespaces and Kueue's LocalQueues and ClusterQueues),
     /// such as the output of `kubectl get nodes,resourcequotas,deviceclasses -A -o yaml`;
@@ -75,16 +81,17 @@ pub struct ReviewArgs {
     /// Policy file (YAML) [default: the built-in policy, a copy of policies/default.yaml].
     #[arg(long)]
     pub policy: Option<PathBuf>,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Output::Text)]
+    /// Output format: `json` is a list of results, one for each object, each with its
+    /// kind and name.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
     /// Which webhook(s) to run.
-    #[arg(long, value_enum, default_value_t = Stage::All)]
+    #[arg(long, value_parser = stage_parser(), default_value = "all")]
     pub stage: Stage,
     /// For a Pod or workload input: the namespace [default: the object's, or "default"];
-    /// for a claim or claim template written without one, its namespace [default:
-    /// "default"].
-    #[arg(long)]
+    /// for an object written without one, its namespace [default: "default"], as
+    /// `kubectl apply -n` places it.
+    #[arg(short = 'n', long, value_name = "NS")]
     pub namespace: Option<String>,
     /// For a Pod or workload input: the requesting user (opt-out governance looks at it).
     #[arg(long, default_value = "tollgate-review")]
@@ -118,7 +125,9 @@ struct Unusable(String);
 pub fn run(a: &ReviewArgs) -> i32 {
     match review_inner(a) {
         Ok((text, allowed)) => {
-            print!("{text}");
+            if !super::kubectl::print(&text) {
+                return 2;
+            }
             if allowed {
                 0
             } else {
@@ -134,14 +143,35 @@ pub fn run(a: &ReviewArgs) -> i32 {
 
 fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
     let file = objects::file_layer(a.policy.as_deref()).map_err(Unusable)?;
-    let files = inputs(a)?;
-    let many = files.len() > 1 || Path::new(&a.file).is_dir();
+    if a.manifests.is_empty(&a.files) {
+        return Err(Unusable(
+            "nothing to review: name files or directories, -f FILE, -k DIR, or - for standard input".into(),
+        ));
+    }
+    let texts = a.manifests.texts(&a.files).map_err(Unusable)?;
+    let many = texts.len() > 1 || texts.iter().any(|t| t.in_directory);
     let default_ns = a.namespace.as_deref().unwrap_or("default");
     let mut docs = vec![];
-    for (name, text) in &files {
-        let unusable = |e: String| Unusable(format!("{name}: {e}"));
-        for d in read(text, default_ns).map_err(unusable)? {
-            docs.push((name.as_str(), d));
+    // What is not a Kubernetes object (a kustomization.yaml, a Helm values file, a file of
+    // a directory that is not YAML at all) is listed and left out, never fatal: a GitOps
+    // folder holds them beside its manifests.
+    let mut not_objects = vec![];
+    for t in &texts {
+        match numbered(&t.name, &t.text, default_ns) {
+            Ok(found) => {
+                for d in found {
+                    match d.not_an_object() {
+                        Some(why) => not_objects.push(Entered::skipped(&d, why)),
+                        None => docs.push(d),
+                    }
+                }
+            }
+            Err(e) if t.in_directory => not_objects.push(Entered {
+                file: t.name.clone(),
+                document: None,
+                what: Entry::Skipped(Skipped::unnamed(format!("not a manifest: {e}"))),
+            }),
+            Err(e) => return Err(Unusable(format!("{}: {e}", t.name))),
         }
     }
     // The policy objects are context for everything else: taken out and composed first,
@@ -159,7 +189,7 @@ fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
         }
     }
     let mut in_input = PolicyObjects::default();
-    docs.retain(|(name, d)| !in_input.add(name, d));
+    docs.retain(|d| !in_input.add(&d.file, &d.value));
     found.overlay(in_input);
     let composed = objects::compose(file.as_ref(), &found).map_err(Unusable)?;
     let policy = composed.policy;
@@ -172,23 +202,41 @@ fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
         }
     }
     if input.entries.is_empty() && input.context_only.is_empty() && composed.statuses.is_empty() {
+        let names: Vec<&str> = texts.iter().map(|t| t.name.as_str()).collect();
+        // What was left out, and why: the likeliest mistake in such an input.
+        let why: Vec<String> = not_objects
+            .iter()
+            .take(3)
+            .filter_map(|e| match &e.what {
+                Entry::Skipped(s) => Some(format!("{}: {}", e.place(), s.reason)),
+                Entry::Subject(_) => None,
+            })
+            .collect();
+        let left_out = match not_objects.len() {
+            0 => String::new(),
+            n => format!(
+                " ({n} document(s) left out: {}{})",
+                why.join("; "),
+                if n > why.len() { "; ..." } else { "" }
+            ),
+        };
         return Err(Unusable(format!(
-            "{}: nothing to review: no Pod, workload or AdmissionReview",
-            a.file
+            "{}: nothing to review: no Pod, workload or AdmissionReview{left_out}",
+            names.join(", ")
         )));
     }
     // Context alone (a repository of quotas, say): listed, nothing refused.
     let context_only = std::mem::take(&mut input.context_only);
     if input.entries.is_empty() {
-        let file = a.file.as_str();
-        input.entries = context_only
-            .into_iter()
-            .map(|s| Entered {
-                file,
-                what: Entry::Skipped(s),
-            })
-            .collect();
+        input.entries = context_only;
     }
+    input.entries.extend(not_objects);
+    // In input order: file by file as named, document by document.
+    let order = |e: &Entered| {
+        let file = texts.iter().position(|t| t.name == e.file);
+        (file, e.document)
+    };
+    input.entries.sort_by_key(order);
     let mut results = Vec::with_capacity(composed.statuses.len() + input.entries.len());
     // The policy objects first: what the rest is judged with.
     for status in &composed.statuses {
@@ -206,23 +254,22 @@ fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
                     context.add_namespace(namespace_object(&namespace_of(subject, a), labels));
                 }
                 run_review(&policy, subject, a, &context)
-                    .map_err(|e| Unusable(format!("{}: {e}", entry.file)))?
+                    .map_err(|e| Unusable(format!("{}: {e}", entry.place())))?
             }
             Entry::Skipped(s) => CliResult::skipped(s),
         };
         if many {
-            result.file = Some(entry.file.to_owned());
+            result.file = Some(entry.file.clone());
+            result.document = entry.document;
         }
         results.push(result);
     }
     let allowed = results.iter().all(|r| r.allowed);
     let text = match a.output {
         Output::Json => {
-            // One object: the result itself, as it always was; several: an array of them.
-            let value = match results.as_slice() {
-                [one] => one.to_json(),
-                many => Value::Array(many.iter().map(CliResult::to_json).collect()),
-            };
+            // Always a list, one result for each object, whatever their number: a script
+            // reads one shape.
+            let value = Value::Array(results.iter().map(CliResult::to_json).collect());
             let mut s = serde_json::to_string_pretty(&value).unwrap_or_default();
             s.push('\n');
             s
@@ -236,74 +283,19 @@ fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
     Ok((text, allowed))
 }
 
-/// The input's texts by name: standard input, a file, or a directory's manifest files (by
-/// name, as kubectl reads them; `-R`: with those of its subdirectories).
-fn inputs(a: &ReviewArgs) -> Result<Vec<(String, String)>, Unusable> {
-    if a.file == "-" {
-        let mut s = String::new();
-        std::io::stdin()
-            .read_to_string(&mut s)
-            .map_err(|e| Unusable(format!("standard input: {e}")))?;
-        return Ok(vec![("standard input".into(), s)]);
+/// The documents of an input's text ([`read`]), numbered within it from 1 as kubectl
+/// numbers them (a `kind: List`'s items share its number).
+fn numbered(file: &str, text: &str, namespace: &str) -> Result<Vec<Document>, String> {
+    let mut out = vec![];
+    for (number, mut value) in numbered_documents(text)? {
+        place_namespace(&mut value, namespace);
+        out.push(Document {
+            file: file.to_owned(),
+            number,
+            value,
+        });
     }
-    let path = Path::new(&a.file);
-    let texts = read_paths(path, a.recursive).map_err(Unusable)?;
-    if texts.is_empty() && path.is_dir() {
-        return Err(Unusable(format!(
-            "{}: no .yaml, .yml or .json file{}",
-            a.file,
-            if a.recursive {
-                ""
-            } else {
-                " (-R looks in subdirectories)"
-            }
-        )));
-    }
-    Ok(texts)
-}
-
-/// The text of a file, or of each manifest file of a directory ([`manifest_files`]), with
-/// its path; an error is the one line to show.
-pub(super) fn read_paths(path: &Path, recursive: bool) -> Result<Vec<(String, String)>, String> {
-    let read = |p: &Path| {
-        let name = p.display().to_string();
-        std::fs::read_to_string(p)
-            .map(|t| (name.clone(), t))
-            .map_err(|e| format!("{name}: {e}"))
-    };
-    if !path.is_dir() {
-        return Ok(vec![read(path)?]);
-    }
-    let mut files = vec![];
-    manifest_files(path, recursive, &mut files).map_err(|e| format!("{}: {e}", path.display()))?;
-    files.iter().map(|f| read(f)).collect()
-}
-
-/// The `.yaml`, `.yml` and `.json` files of `dir`, sorted by path; those of its
-/// subdirectories too when `recursive`.
-pub(super) fn manifest_files(
-    dir: &Path,
-    recursive: bool,
-    out: &mut Vec<PathBuf>,
-) -> std::io::Result<()> {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<Result<_, _>>()?;
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            if recursive {
-                manifest_files(&p, recursive, out)?;
-            }
-        } else if p
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"))
-        {
-            out.push(p);
-        }
-    }
-    Ok(())
+    Ok(out)
 }
 
 /// The documents of an input: one JSON value, or YAML documents; a `kind: List` stands for
@@ -311,6 +303,15 @@ pub(super) fn manifest_files(
 /// 1.1's): `0644` is the octal 420, `yes`/`no`/`on`/`off` are booleans, so that a file
 /// means to `review` what it means to the apiserver `kubectl apply` sends it to.
 pub fn documents(text: &str) -> Result<Vec<Value>, String> {
+    Ok(numbered_documents(text)?
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect())
+}
+
+/// [`documents`], each with its number in the text, from 1; the items of a `kind: List`
+/// share its number, and an empty document has none.
+fn numbered_documents(text: &str) -> Result<Vec<(usize, Value)>, String> {
     if text.trim().is_empty() {
         return Err("empty input: expected a Pod, a workload or an AdmissionReview".into());
     }
@@ -327,14 +328,13 @@ pub fn documents(text: &str) -> Result<Vec<Value>, String> {
         }
     };
     let mut out = Vec::with_capacity(docs.len());
-    for d in docs {
+    for (i, d) in docs.into_iter().filter(|d| !d.is_null()).enumerate() {
         match d {
-            Value::Null => {}
             Value::Object(ref m) if m.get("kind").and_then(Value::as_str) == Some("List") => {
                 let items = m.get("items").and_then(Value::as_array).cloned();
-                out.extend(items.into_iter().flatten());
+                out.extend(items.into_iter().flatten().map(|item| (i + 1, item)));
             }
-            d => out.push(d),
+            d => out.push((i + 1, d)),
         }
     }
     Ok(out)
@@ -393,7 +393,7 @@ fn place_namespace(doc: &mut Value, namespace: &str) {
     if kind == "AdmissionReview" || CLUSTER_SCOPED.contains(&kind) {
         return;
     }
-    pipeline::place_in_namespace(doc, namespace);
+    place_in_namespace(doc, namespace);
 }
 
 /// The namespace a subject is reviewed in: `--namespace`, else its own, else `default`.
@@ -429,13 +429,13 @@ fn namespace_object(name: &str, labels: &BTreeMap<String, String>) -> Namespace 
 pub fn add_context(context: &mut Objects, doc: &Value) -> Result<bool, String> {
     let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
     let api = doc.get("apiVersion").and_then(Value::as_str).unwrap_or("");
-    let dra = cluster::DRA_API_VERSIONS.contains(&api);
+    let dra = DRA_API_VERSIONS.contains(&api);
     let device_class = matches!(
         api,
         "resource.k8s.io/v1" | "resource.k8s.io/v1beta2" | "resource.k8s.io/v1beta1"
     );
     match (kind, api) {
-        ("ResourceClaim", _) if dra => context.add_claim(cluster::claim_from(doc)?),
+        ("ResourceClaim", _) if dra => context.add_claim(claim_from(doc)?),
         ("Node", "v1") => {
             context.add_node(serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?)
         }
@@ -448,9 +448,7 @@ pub fn add_context(context: &mut Objects, doc: &Value) -> Result<bool, String> {
                 .unwrap_or("")
                 .to_owned(),
         ),
-        ("ResourceClaimTemplate", _) if dra => {
-            context.add_template(cluster::claim_template_from(doc)?)
-        }
+        ("ResourceClaimTemplate", _) if dra => context.add_template(claim_template_from(doc)?),
         ("Namespace", "v1") => {
             let mut ns: Namespace =
                 serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
@@ -463,10 +461,10 @@ pub fn add_context(context: &mut Objects, doc: &Value) -> Result<bool, String> {
             context.add_namespace(ns)
         }
         // The queues a workload labelled for Kueue is admitted through, read as JSON.
-        ("LocalQueue", _) if cluster::KUEUE_API_VERSIONS.contains(&api) => {
+        ("LocalQueue", _) if KUEUE_API_VERSIONS.contains(&api) => {
             return Ok(context.add_kueue_queue(doc.clone()));
         }
-        ("ClusterQueue", _) if cluster::KUEUE_API_VERSIONS.contains(&api) => {
+        ("ClusterQueue", _) if KUEUE_API_VERSIONS.contains(&api) => {
             return Ok(context.add_kueue_queue(doc.clone()));
         }
         // What a TrainJob's pods are made from, read as JSON.
@@ -483,13 +481,13 @@ pub(super) const NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// An input's documents: what is reviewed (and what is not), and the cluster context it
 /// is reviewed in.
-pub struct Input<'f> {
+pub struct Input {
     /// Every object that is not context (and the Trainer runtimes, which are both), in
     /// input order.
-    pub entries: Vec<Entered<'f>>,
+    pub entries: Vec<Entered>,
     pub context: Objects,
     /// The context objects (the runtimes aside): what an input of context alone lists.
-    pub context_only: Vec<Skipped>,
+    pub context_only: Vec<Entered>,
 }
 
 impl Skipped {
@@ -504,6 +502,17 @@ impl Skipped {
             name: field("/metadata/name").unwrap_or("").to_owned(),
         }
     }
+
+    /// What is not an object at all (a values file), left out for `reason`.
+    fn unnamed(reason: String) -> Skipped {
+        Skipped {
+            kind: String::new(),
+            api_version: String::new(),
+            namespace: String::new(),
+            name: String::new(),
+            reason,
+        }
+    }
 }
 
 /// A Kubeflow Trainer TrainingRuntime or ClusterTrainingRuntime.
@@ -513,10 +522,31 @@ fn is_runtime(api: &str, kind: &str) -> bool {
 }
 
 /// One object of the input and where it came from.
-pub struct Entered<'f> {
-    /// The file it was read from (`standard input` for `-`).
-    pub file: &'f str,
+pub struct Entered {
+    /// The file it was read from (`standard input` for `-`, `kustomize DIR` for `-k`).
+    pub file: String,
+    /// Its number in the file, from 1 (None: the whole file, which could not be read).
+    pub document: Option<usize>,
     pub what: Entry,
+}
+
+impl Entered {
+    /// A document left out for `why`: not a Kubernetes object.
+    fn skipped(d: &Document, why: String) -> Entered {
+        Entered {
+            file: d.file.clone(),
+            document: Some(d.number),
+            what: Entry::Skipped(Skipped::unnamed(why)),
+        }
+    }
+
+    /// `a.yaml: document 3`, or the file.
+    fn place(&self) -> String {
+        match self.document {
+            Some(n) => format!("{}: document {n}", self.file),
+            None => self.file.clone(),
+        }
+    }
 }
 
 /// An object to review, or one tollgate does not review.
@@ -535,21 +565,24 @@ pub struct Skipped {
     pub reason: String,
 }
 
-/// Sorts documents (each with the file it came from) into subjects (Pods, the workloads
-/// `policy` lists, AdmissionReviews), context (claims, claim templates, namespaces; a
-/// claim without a namespace in `namespace`) and objects not reviewed. A document without
-/// a kind, or a context object that cannot be read, is an error naming it.
-pub fn split<'f>(
-    docs: Vec<(&'f str, Value)>,
-    policy: &Policy,
-    namespace: &str,
-) -> Result<Input<'f>, String> {
+/// Sorts documents (each numbered in the file it came from) into subjects (Pods, the
+/// workloads `policy` lists, AdmissionReviews), context (claims, claim templates,
+/// namespaces; a claim without a namespace in `namespace`) and objects not reviewed. A
+/// context object that cannot be read, or a Pod or built-in workload the apiserver could
+/// not decode, is an error naming its file and document.
+pub fn split(docs: Vec<Document>, policy: &Policy, namespace: &str) -> Result<Input, String> {
     let mut input = Input {
         entries: vec![],
         context: Objects::complete(),
         context_only: vec![],
     };
-    for (i, (file, d)) in docs.into_iter().enumerate() {
+    for doc in docs {
+        let place = doc.place();
+        let Document {
+            file,
+            number,
+            value: d,
+        } = doc;
         let kind = d
             .get("kind")
             .and_then(Value::as_str)
@@ -561,39 +594,41 @@ pub fn split<'f>(
             .unwrap_or("")
             .to_owned();
         let what = match kind.as_str() {
-            "" => {
-                return Err(format!(
-                    "{file}: document {}: no kind: expected a Kubernetes object (a Pod, a workload, an AdmissionReview, ...)",
-                    i + 1
-                ))
-            }
             "Pod" | "AdmissionReview" => {
-                decodes(&d, &api, &kind).map_err(|e| format!("{file}: document {}: {e}", i + 1))?;
+                decodes(&d, &api, &kind).map_err(|e| format!("{place}: {e}"))?;
                 Entry::Subject(d)
             }
             _ if add_context(&mut input.context, &d)
-                .map_err(|e| format!("{file}: document {}: a {kind} ({api}): {e}", i + 1))? =>
+                .map_err(|e| format!("{place}: a {kind} ({api}): {e}"))? =>
             {
                 // A Trainer runtime is context for the TrainJobs beside it, and judged
                 // itself: what no TrainJob on it can supply.
                 if is_runtime(&api, &kind) {
                     Entry::Subject(d)
                 } else {
-                    input.context_only.push(Skipped::of(
-                        &d,
-                        "cluster context: what the objects reviewed beside it are judged against".into(),
-                        "",
-                    ));
+                    input.context_only.push(Entered {
+                        file,
+                        document: Some(number),
+                        what: Entry::Skipped(Skipped::of(
+                            &d,
+                            "cluster context: what the objects reviewed beside it are judged against".into(),
+                            "",
+                        )),
+                    });
                     continue;
                 }
             }
             k if is_workload(policy, &api, k, &d) => {
-                decodes(&d, &api, k).map_err(|e| format!("{file}: document {}: {e}", i + 1))?;
+                decodes(&d, &api, k).map_err(|e| format!("{place}: {e}"))?;
                 Entry::Subject(d)
             }
             k => Entry::Skipped(Skipped::of(&d, not_reviewed(policy, &api, k), namespace)),
         };
-        input.entries.push(Entered { file, what });
+        input.entries.push(Entered {
+            file,
+            document: Some(number),
+            what,
+        });
     }
     Ok(input)
 }
@@ -684,16 +719,24 @@ pub struct CliResult {
     pub mutated: Option<Value>,
     pub mutate_response: Option<Value>,
     pub validate_response: Option<Value>,
+    /// The object's kind and apiVersion (for an AdmissionReview, its request's).
+    pub kind: String,
+    pub api_version: String,
     pub namespace: String,
     pub name: String,
+    /// Why the validating webhook decided as it did (`missing_requests`, `infeasible`,
+    /// ...), as the metrics name it; None where it did not judge.
+    pub verdict: Option<&'static str>,
     pub steps: Vec<&'static str>,
     /// The policy profile applied; None: the base policy.
     pub profile: Option<String>,
     /// For a workload: its kind (`Job`), and what became of each of its pod templates.
     pub workload: Option<String>,
     pub templates: Vec<TemplateVerdict>,
-    /// The file it came from, when the input was a directory.
+    /// The file it came from and its document there, when the input was several files or
+    /// a directory.
     pub file: Option<String>,
+    pub document: Option<usize>,
     /// An object not reviewed, and why.
     pub skipped: Option<Skipped>,
     /// A TollgatePolicy or TollgateProfile: what became of it (in force, or why not).
@@ -712,13 +755,17 @@ impl CliResult {
             mutated: None,
             mutate_response: None,
             validate_response: None,
+            kind: s.kind.clone(),
+            api_version: s.api_version.clone(),
             namespace: s.namespace.clone(),
             name: s.name.clone(),
+            verdict: None,
             steps: vec![],
             profile: None,
             workload: None,
             templates: vec![],
             file: None,
+            document: None,
             skipped: Some(s.clone()),
             policy_object: None,
         }
@@ -746,6 +793,9 @@ impl CliResult {
         let mut v = self.json();
         if let (Some(file), Value::Object(m)) = (&self.file, &mut v) {
             m.insert("file".into(), Value::from(file.as_str()));
+            if let Some(n) = self.document {
+                m.insert("document".into(), Value::from(n));
+            }
         }
         v
     }
@@ -777,6 +827,11 @@ impl CliResult {
             return json!({
                 "decision": if self.allowed { "allowed" } else { "denied" },
                 "allowed": self.allowed,
+                "kind": self.kind,
+                "apiVersion": self.api_version,
+                "namespace": self.namespace,
+                "name": self.name,
+                "verdict": self.verdict,
                 "message": self.message,
                 "warnings": self.warnings,
                 "steps": self.steps,
@@ -796,8 +851,10 @@ impl CliResult {
             "decision": if self.allowed { "allowed" } else { "denied" },
             "allowed": self.allowed,
             "kind": kind,
+            "apiVersion": self.api_version,
             "namespace": self.namespace,
             "name": self.name,
+            "verdict": self.verdict,
             "templates": templates,
             "message": self.message,
             "warnings": self.warnings,
@@ -823,25 +880,33 @@ impl CliResult {
             return format!("{from}{object}: denied\n\n{}\n", s.message);
         }
         if let Some(s) = &self.skipped {
+            if s.kind.is_empty() {
+                // Not an object: only its place names it.
+                let document = self
+                    .document
+                    .map(|n| format!("document {n}: "))
+                    .unwrap_or_default();
+                return format!("{from}{document}skipped: {}\n", s.reason);
+            }
             return format!(
                 "{from}{} {}/{} ({}): not reviewed: {}\n",
-                s.kind.to_ascii_lowercase(),
+                kind_noun(&s.api_version, &s.kind),
                 s.namespace,
                 s.name,
                 s.api_version,
                 s.reason
             );
         }
-        let noun = self
-            .workload
-            .as_deref()
-            .map_or("pod".to_owned(), str::to_ascii_lowercase);
-        let mut out = format!(
-            "{from}{noun} {}/{}: {}",
-            self.namespace,
-            self.name,
-            if self.allowed { "allowed" } else { "denied" }
-        );
+        let noun = kind_noun(&self.api_version, &self.kind);
+        // A workload refused though each of its templates is allowed was refused by
+        // feasibility (its pods can never run here), not by what its templates lack: said so
+        // where the decision is.
+        let decision = match (self.allowed, self.verdict) {
+            (true, _) => "allowed",
+            (false, Some("infeasible")) => "denied by feasibility: its pods could never run here",
+            (false, _) => "denied",
+        };
+        let mut out = format!("{from}{noun} {}/{}: {decision}", self.namespace, self.name);
         let mut notes = vec![];
         if let Some(p) = &self.profile {
             notes.push(format!("profile {p}"));
@@ -916,18 +981,28 @@ pub fn run_review(
             ))
         }
     };
-    let stage = match a.stage {
-        Stage::All => pipeline::Stage::All,
-        Stage::Mutate => pipeline::Stage::Mutate,
-        Stage::Validate => pipeline::Stage::Validate,
+    let judged = run_pipeline(policy, cluster, &review, a.stage).map_err(|e| e.to_string())?;
+    let mut result = CliResult::of(judged);
+    // What the object is: its own kind, or the kind the AdmissionReview's request names.
+    let (kind, api_version) = match value.pointer("/request/kind") {
+        Some(k) if kind == "AdmissionReview" => {
+            let field = |f: &str| k.get(f).and_then(Value::as_str).unwrap_or("");
+            let version = match field("group") {
+                "" => field("version").to_owned(),
+                g => format!("{g}/{}", field("version")),
+            };
+            (field("kind").to_owned(), version)
+        }
+        _ => (kind.to_owned(), api.to_owned()),
     };
-    let judged = pipeline::run(policy, cluster, &review, stage).map_err(|e| e.to_string())?;
-    Ok(CliResult::of(judged))
+    result.kind = kind;
+    result.api_version = api_version;
+    Ok(result)
 }
 
 impl CliResult {
     /// What the command shows of the pipeline's judgement.
-    fn of(mut judged: pipeline::Judged) -> CliResult {
+    fn of(mut judged: Judged) -> CliResult {
         let mut result = CliResult {
             allowed: judged.allowed,
             message: judged.message.clone(),
@@ -936,13 +1011,17 @@ impl CliResult {
             mutated: judged.mutated.take(),
             mutate_response: None,
             validate_response: None,
+            kind: String::new(),
+            api_version: String::new(),
             namespace: String::new(),
             name: String::new(),
+            verdict: None,
             steps: vec![],
             profile: None,
             workload: None,
             templates: vec![],
             file: None,
+            document: None,
             skipped: None,
             policy_object: None,
         };
@@ -959,6 +1038,7 @@ impl CliResult {
             result.name = r.name.clone();
             result.profile.clone_from(&r.profile);
             result.workload = r.kind().map(str::to_owned);
+            result.verdict = r.verdict().map(|v| v.as_str());
             result.templates = r.templates().to_vec();
         }
         result

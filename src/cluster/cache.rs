@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::ResourceStatus;
-use tollgate_core::cluster::Lookup;
+use tollgate_core::Lookup;
 
 /// Objects per list request: the page size kube's reflectors and kubectl use.
 pub const PAGE_SIZE: u32 = 500;
@@ -177,6 +177,9 @@ impl Health {
         self.last_sync.store(unix_now(), Ordering::Relaxed);
         self.objects.store(objects as u64, Ordering::Relaxed);
         let was_failing = self.failing_since.swap(0, Ordering::Relaxed) != 0;
+        if was_failing {
+            crate::kubeconfig::reached();
+        }
         if first {
             info!(resource = self.resource, objects, "cluster cache synced");
         } else if was_failing {
@@ -192,7 +195,10 @@ impl Health {
 
     /// A failure of the watch (or of what it needs, such as discovery): counted, logged,
     /// and the cache keeps its last state. Whether it started failing just now.
-    pub fn failed(&self, error: &dyn std::fmt::Display, objects: usize) -> bool {
+    /// One that never reached the API server (`unreachable`) is said for every cache at
+    /// once, with the URL, and then once a minute (`kubeconfig::unreachable`): each cache
+    /// retrying on its own would otherwise log a line a retry.
+    pub fn failed(&self, error: &dyn std::fmt::Display, unreachable: bool, objects: usize) -> bool {
         self.restarts.fetch_add(1, Ordering::Relaxed);
         let was = self.failing_since.compare_exchange(
             0,
@@ -200,12 +206,18 @@ impl Health {
             Ordering::Relaxed,
             Ordering::Relaxed,
         );
-        warn!(
-            resource = self.resource,
-            error = %error,
-            objects,
-            "cluster watch failed; reviews use the last state while it retries"
-        );
+        if unreachable {
+            if let Some(line) = crate::kubeconfig::unreachable(&error.to_string()) {
+                warn!("{line}");
+            }
+        } else {
+            warn!(
+                resource = self.resource,
+                error = %error,
+                objects,
+                "cluster watch failed; reviews use the last state while it retries"
+            );
+        }
         was.is_ok()
     }
 }
@@ -331,7 +343,8 @@ where
                 if status_code(&e) == Some(403) {
                     health.forbidden.store(true, Ordering::Relaxed);
                 }
-                let started = health.failed(&e, sink.len());
+                let (said, unreachable) = crate::kubeconfig::watch_words(&e);
+                let started = health.failed(&said, unreachable, sink.len());
                 if started || prober.as_ref().is_none_or(|p| p.is_finished()) {
                     prober = Some(tokio::spawn(probe_until_current(
                         probe.clone(),

@@ -6,7 +6,7 @@
 //! context asks discovery once at start which versions are served, watches the newest of
 //! [`DRA_API_VERSIONS`], and asks again when a watch gets 404 (the version went away, as
 //! in an upgrade that stops serving a beta). Claims and templates are read as v1, as the
-//! apiserver converts them (`tollgate_core::cluster::claim_from`); of DeviceClasses only
+//! apiserver converts them (`tollgate_core::claim_from`); of DeviceClasses only
 //! the names are kept. A cluster that serves no version has no claims and no classes:
 //! nothing to wait for or to say, and discovery is asked again now and then, so that DRA
 //! enabled later is picked up.
@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::cache::{drive, Ended, Health, Sink};
-use tollgate_core::cluster::DRA_API_VERSIONS;
+use tollgate_core::DRA_API_VERSIONS;
 
 /// DRA's API group.
 pub const GROUP: &str = "resource.k8s.io";
@@ -230,7 +230,12 @@ pub async fn run<K: Send + 'static>(
             }
             Err(e) => {
                 health.failed(
-                    &format!("discovery of {}: {e}", discovery.group()),
+                    &format!(
+                        "discovery of {}: {}",
+                        discovery.group(),
+                        crate::kubeconfig::words(&e)
+                    ),
+                    crate::kubeconfig::is_unreachable(&e),
                     sink.len(),
                 );
                 again = true;

@@ -1,7 +1,7 @@
 //! Kueue's LocalQueues and ClusterQueues (`kueue.x-k8s.io`), for feasibility: a workload
 //! labelled `kueue.x-k8s.io/queue-name` is admitted by Kueue only within its LocalQueue's
 //! ClusterQueue, so it is held to that quota instead of the namespace's ResourceQuotas
-//! (`tollgate_core::feasible::kueue`).
+//! (the engine's `feasible::kueue`).
 //!
 //! Kueue serves `v1beta1`, `v1beta2` and, in its newer releases, `v1`: the queues are
 //! watched in the newest the cluster serves ([`KUEUE_API_VERSIONS`], asked of discovery as
@@ -17,7 +17,7 @@ use kube::runtime::watcher;
 use serde_json::Value;
 
 use super::cache::Sink;
-pub use tollgate_core::cluster::KUEUE_API_VERSIONS;
+pub use tollgate_core::KUEUE_API_VERSIONS;
 
 /// Queues by namespace ("" for a ClusterQueue) and name.
 pub type Queues = HashMap<(String, String), Arc<Value>>;
@@ -34,16 +34,6 @@ pub fn queue(v: &Value) -> Result<Arc<Value>, String> {
         return Err("a queue without a name".into());
     }
     Ok(Arc::new(v))
-}
-
-fn key(q: &Value) -> (String, String) {
-    let meta = |k: &str| {
-        q.pointer(&format!("/metadata/{k}"))
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned()
-    };
-    (meta("namespace"), meta("name"))
 }
 
 /// One kind of queue's watch, published for reviews as it changes (queues are few: the
@@ -74,7 +64,7 @@ impl Sink<Arc<Value>> for QueueSink {
             watcher::Event::InitApply(q) => {
                 self.relist
                     .get_or_insert_with(Queues::new)
-                    .insert(key(&q), q);
+                    .insert(tollgate_core::namespace_and_name(&q), q);
                 false
             }
             watcher::Event::InitDone => {
@@ -82,10 +72,13 @@ impl Sink<Arc<Value>> for QueueSink {
                 true
             }
             watcher::Event::Apply(q) => {
-                self.queues.insert(key(&q), q);
+                self.queues.insert(tollgate_core::namespace_and_name(&q), q);
                 true
             }
-            watcher::Event::Delete(q) => self.queues.remove(&key(&q)).is_some(),
+            watcher::Event::Delete(q) => self
+                .queues
+                .remove(&tollgate_core::namespace_and_name(&q))
+                .is_some(),
         };
         if changed {
             self.published.store(Arc::new(self.queues.clone()));

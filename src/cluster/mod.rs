@@ -13,7 +13,7 @@
 
 mod cache;
 pub mod dra;
-mod kueue;
+pub mod kueue;
 pub mod nodes;
 pub mod objects;
 pub mod pages;
@@ -37,14 +37,14 @@ pub const RESOURCES: [&str; 12] = [
     "clustertrainingruntimes",
     "localqueues",
     "clusterqueues",
-    tollgate_core::objects::POLICY_PLURAL,
-    tollgate_core::objects::PROFILE_PLURAL,
+    tollgate_core::POLICY_PLURAL,
+    tollgate_core::PROFILE_PLURAL,
 ];
 
 use std::future::Future;
 use std::pin::Pin;
 
-use tollgate_core::cluster::{Cluster, ObjectKey, Objects, Offline};
+use tollgate_core::{Cluster, ObjectKey, Objects, Offline};
 
 /// A future the context returns; boxed so that the trait can be used as `dyn`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -37,7 +37,7 @@ use serde::{Deserialize, Deserializer};
 use tokio::time::Instant;
 
 use super::cache::Sink;
-use tollgate_core::capacity::Nodes;
+use tollgate_core::Nodes;
 
 /// The most often the snapshot reviews read is rebuilt: a change is seen by reviews within
 /// this, and a burst of changes costs one rebuild.
@@ -121,7 +121,7 @@ impl<'de> Deserialize<'de> for NodeView {
 
 /// The nodes by shape, kept one node at a time: the engine's index (interned labels, a
 /// pool's nodes one shape, copy-on-write snapshots).
-pub use tollgate_core::capacity::Index as ShapeIndex;
+pub use tollgate_core::NodeIndex as ShapeIndex;
 
 /// The nodes' watch into a [`ShapeIndex`], published to `published` for reviews.
 pub struct NodeSink {

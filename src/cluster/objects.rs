@@ -29,8 +29,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::cache::{drive, Health, Sink, PAGE_SIZE};
-use tollgate_core::objects::{
-    Stored, GROUP, POLICY_KIND, POLICY_PLURAL, PROFILE_KIND, PROFILE_PLURAL, VERSION,
+use tollgate_core::{
+    Stored, POLICY_GROUP, POLICY_KIND, POLICY_PLURAL, POLICY_VERSION, PROFILE_KIND, PROFILE_PLURAL,
 };
 
 /// Which of the two kinds.
@@ -60,7 +60,7 @@ impl ObjectKind {
     /// The API resource, for watches and status writes.
     pub fn api_resource(self) -> ApiResource {
         ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk(GROUP, VERSION, self.kind()),
+            &GroupVersionKind::gvk(POLICY_GROUP, POLICY_VERSION, self.kind()),
             self.plural(),
         )
     }

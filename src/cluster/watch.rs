@@ -60,8 +60,9 @@ use super::objects::PolicyObjects;
 use super::pages;
 use super::quotas::{self, QuotaSink};
 use super::{BoxFuture, ClusterContext, ResourceStatus};
-use tollgate_core::capacity::Nodes;
-use tollgate_core::cluster::{self, Cluster, Kind, Lookup, ObjectKey, Objects};
+use tollgate_core::{
+    claim_from, claim_template_from, Cluster, ContextKind, Lookup, Nodes, ObjectKey, Objects,
+};
 
 /// How long an object a GET found is used before the watch must have it.
 const FOUND_TTL: Duration = Duration::from_secs(60);
@@ -137,13 +138,13 @@ impl Healths {
         ]
     }
 
-    fn of(&self, kind: Kind) -> &Health {
+    fn of(&self, kind: ContextKind) -> &Health {
         match kind {
-            Kind::ResourceClaim => &self.claims,
-            Kind::ResourceClaimTemplate => &self.templates,
-            Kind::Namespace => &self.namespaces,
-            Kind::TrainingRuntime => &self.runtimes,
-            Kind::ClusterTrainingRuntime => &self.cluster_runtimes,
+            ContextKind::ResourceClaim => &self.claims,
+            ContextKind::ResourceClaimTemplate => &self.templates,
+            ContextKind::Namespace => &self.namespaces,
+            ContextKind::TrainingRuntime => &self.runtimes,
+            ContextKind::ClusterTrainingRuntime => &self.cluster_runtimes,
         }
     }
 }
@@ -196,7 +197,7 @@ enum Fetched {
 
 /// A claim as the cache keeps it: v1, without its status (allocations, reservations).
 fn claim(v: &Value) -> Result<ResourceClaim, String> {
-    cluster::claim_from(v).map(|mut c| {
+    claim_from(v).map(|mut c| {
         c.status = None;
         c
     })
@@ -301,7 +302,7 @@ impl<S: RuntimeScope> Resource for Runtime<S> {
         S::KIND.into()
     }
     fn group(_: &()) -> Cow<'_, str> {
-        tollgate_core::trainjob::GROUP.into()
+        tollgate_core::TRAINER_GROUP.into()
     }
     fn version(_: &()) -> Cow<'_, str> {
         "v1alpha1".into()
@@ -361,7 +362,7 @@ impl Watched {
             dra::Watch {
                 kind: "ResourceClaimTemplate",
                 plural: "resourceclaimtemplates",
-                convert: cluster::claim_template_from,
+                convert: claim_template_from,
             },
             &health.templates,
         );
@@ -461,7 +462,7 @@ impl Watched {
     fn lookup_runtime<S: RuntimeScope>(
         &self,
         store: &Store<Runtime<S>>,
-        kind: Kind,
+        kind: ContextKind,
         namespace: &str,
         name: &str,
     ) -> Lookup<Arc<Value>> {
@@ -500,7 +501,7 @@ impl Watched {
     fn lookup<K>(
         &self,
         store: &Store<K>,
-        kind: Kind,
+        kind: ContextKind,
         namespace: &str,
         name: &str,
         from_fetched: impl Fn(Fetched) -> Option<Arc<K>>,
@@ -561,37 +562,39 @@ impl Watched {
         let (ns, name) = (key.namespace.as_str(), key.name.as_str());
         let kube = |e: kube::Error| e.to_string();
         match key.kind {
-            Kind::ResourceClaim => self
+            ContextKind::ResourceClaim => self
                 .fetch_dra("ResourceClaim", "resourceclaims", ns, name, claim)
                 .await
                 .map(|o| o.map(|o| Fetched::Claim(Arc::new(o)))),
-            Kind::ResourceClaimTemplate => self
+            ContextKind::ResourceClaimTemplate => self
                 .fetch_dra(
                     "ResourceClaimTemplate",
                     "resourceclaimtemplates",
                     ns,
                     name,
-                    cluster::claim_template_from,
+                    claim_template_from,
                 )
                 .await
                 .map(|o| o.map(|o| Fetched::Template(Arc::new(o)))),
-            Kind::Namespace => Api::<Namespace>::all(self.client.clone())
+            ContextKind::Namespace => Api::<Namespace>::all(self.client.clone())
                 .get_opt(name)
                 .await
                 .map(|o| o.map(|o| Fetched::Namespace(Arc::new(o))))
                 .map_err(kube),
-            Kind::TrainingRuntime => {
+            ContextKind::TrainingRuntime => {
                 Api::<Runtime<Namespaced>>::namespaced(self.client.clone(), ns)
                     .get_opt(name)
                     .await
                     .map(|o| o.map(|o| Fetched::Runtime(o.json)))
                     .map_err(kube)
             }
-            Kind::ClusterTrainingRuntime => Api::<Runtime<ClusterScoped>>::all(self.client.clone())
-                .get_opt(name)
-                .await
-                .map(|o| o.map(|o| Fetched::Runtime(o.json)))
-                .map_err(kube),
+            ContextKind::ClusterTrainingRuntime => {
+                Api::<Runtime<ClusterScoped>>::all(self.client.clone())
+                    .get_opt(name)
+                    .await
+                    .map(|o| o.map(|o| Fetched::Runtime(o.json)))
+                    .map_err(kube)
+            }
         }
     }
 }
@@ -600,7 +603,7 @@ impl Cluster for Watched {
     fn resource_claim(&self, namespace: &str, name: &str) -> Lookup<Arc<ResourceClaim>> {
         self.lookup(
             &self.claims,
-            Kind::ResourceClaim,
+            ContextKind::ResourceClaim,
             namespace,
             name,
             |f| match f {
@@ -617,7 +620,7 @@ impl Cluster for Watched {
     ) -> Lookup<Arc<ResourceClaimTemplate>> {
         self.lookup(
             &self.templates,
-            Kind::ResourceClaimTemplate,
+            ContextKind::ResourceClaimTemplate,
             namespace,
             name,
             |f| match f {
@@ -628,16 +631,22 @@ impl Cluster for Watched {
     }
 
     fn namespace(&self, name: &str) -> Lookup<Arc<Namespace>> {
-        self.lookup(&self.namespaces, Kind::Namespace, "", name, |f| match f {
-            Fetched::Namespace(n) => Some(n),
-            _ => None,
-        })
+        self.lookup(
+            &self.namespaces,
+            ContextKind::Namespace,
+            "",
+            name,
+            |f| match f {
+                Fetched::Namespace(n) => Some(n),
+                _ => None,
+            },
+        )
     }
 
     fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<Value>> {
         self.lookup_runtime(
             &self.training_runtimes,
-            Kind::TrainingRuntime,
+            ContextKind::TrainingRuntime,
             namespace,
             name,
         )
@@ -646,7 +655,7 @@ impl Cluster for Watched {
     fn cluster_training_runtime(&self, name: &str) -> Lookup<Arc<Value>> {
         self.lookup_runtime(
             &self.cluster_training_runtimes,
-            Kind::ClusterTrainingRuntime,
+            ContextKind::ClusterTrainingRuntime,
             "",
             name,
         )
@@ -684,6 +693,10 @@ impl Cluster for Watched {
 
     fn kueue_cluster_queue(&self, name: &str) -> Option<Lookup<Arc<Value>>> {
         queue(&self.health.cluster_queues, &self.cluster_queues, "", name)
+    }
+
+    fn is_offline(&self) -> bool {
+        false
     }
 }
 

@@ -33,7 +33,7 @@ use crate::metrics::{CertMetrics, ConfigurationLabels, IssuedLabels};
 
 #[derive(Debug, thiserror::Error)]
 pub(super) enum LeaderError {
-    #[error("{0}")]
+    #[error("{}", crate::kubeconfig::words(.0))]
     Api(#[from] kube::Error),
     #[error("{0}")]
     Cert(#[from] CertError),

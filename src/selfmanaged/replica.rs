@@ -107,6 +107,7 @@ pub(super) async fn run(
                 cm.secret_age
                     .set((unix_now() - failing_since.load(Ordering::Relaxed)).max(0));
                 cm.errors.inc();
+                let (e, _) = crate::kubeconfig::watch_words(&e);
                 warn!(secret = %what, error = %e, "self-managed certificates: the watch of the Secret failed; serving the last certificate while it retries");
                 continue;
             }

@@ -1,6 +1,6 @@
 //! The webhook server: what it shares between requests, and starting and stopping it.
 //!
-//! Everything here is thin: the decision is [`tollgate_core::review::review_bytes`], the
+//! Everything here is thin: the decision is [`tollgate_core::review_bytes`], the
 //! same call the `review` command makes. A reader finds
 //! - the routes and their handlers in [`routes`],
 //! - connection serving (TCP accept, TLS, HTTP/1.1 and HTTP/2, limits) in [`conn`],
@@ -42,8 +42,7 @@ use crate::metrics::Metrics;
 use crate::selfmanaged;
 use crate::tls::CertStore;
 use conn::Connections;
-use tollgate_core::cluster::Offline;
-use tollgate_core::policy::Policy;
+use tollgate_core::{Offline, Policy};
 
 /// The policy in force and the hash that identifies it in metrics and logs.
 #[derive(Debug)]
@@ -233,6 +232,7 @@ async fn client_for(
     let sources = KubeconfigSources::from_process_env(kubeconfig.map(Into::into));
     let config = load_client_config(&sources, context, hint).await?;
     let url = config.cluster_url.to_string();
+    crate::kubeconfig::set_api_server(&url);
     let namespace = config.default_namespace.clone();
     let client = kube::Client::try_from(config)
         .map_err(|e| anyhow::anyhow!("creating a client for the API server at {url}: {e}"))?;

@@ -1,7 +1,7 @@
 //! The policy in force, composed: the file layer (`--policy`, reloaded; or the built-in
 //! policy) with the cluster's TollgatePolicy and the namespaces' TollgateProfiles as the
 //! cluster context watches them (`cluster::objects`), by the engine's
-//! [`objects::compose`], then swapped into [`AppState`].
+//! [`compose_policy`], then swapped into [`AppState`].
 //!
 //! - One composer, behind one lock: a file reload and a watch event both recompose, from
 //!   the file as last loaded and the objects as last watched, so that neither undoes the
@@ -32,8 +32,9 @@ use super::{ActivePolicy, AppState};
 use crate::cluster::objects::{ObjectKind, PolicyObjects, Snapshot, WatchedObject};
 use crate::lease::{self, Elector, LeaseOptions, Purpose};
 use crate::metrics::{ObjectStateLabels, RejectionLabels, ResultLabels, OBJECT_STATES};
-use tollgate_core::objects::{self, Candidate, InForce, ObjectStatus, Stored, NAME};
-use tollgate_core::policy::{PolicyError, Written};
+use tollgate_core::{
+    compose_policy, Candidate, InForce, ObjectStatus, PolicyError, Stored, Written, POLICY_NAME,
+};
 
 /// The Lease whose holder writes the objects' status.
 pub const STATUS_LEASE: &str = "tollgate-policy-status";
@@ -158,19 +159,19 @@ impl Composer {
         let last_good = &self.last_good;
         let policies: Vec<&WatchedObject> = of(ObjectKind::Policy).collect();
         let profiles: Vec<&WatchedObject> = of(ObjectKind::Profile).collect();
-        let cluster = policies.iter().find(|o| o.stored.name == NAME);
+        let cluster = policies.iter().find(|o| o.stored.name == POLICY_NAME);
         let profile_candidates: Vec<Candidate<'_>> =
             profiles.iter().map(|o| candidate(last_good, o)).collect();
-        let composed = objects::compose(
+        let composed = compose_policy(
             self.file.as_ref(),
             cluster.map(|o| candidate(last_good, o)),
             &profile_candidates,
         )?;
         let mut statuses = composed.statuses;
         // A TollgatePolicy not named `default` is never applied; its status says so.
-        for o in policies.iter().filter(|o| o.stored.name != NAME) {
+        for o in policies.iter().filter(|o| o.stored.name != POLICY_NAME) {
             if let Ok(other) =
-                objects::compose(self.file.as_ref(), Some(candidate(last_good, o)), &[])
+                compose_policy(self.file.as_ref(), Some(candidate(last_good, o)), &[])
             {
                 statuses.extend(other.statuses);
             }
@@ -398,7 +399,7 @@ async fn write_status(
         Err(kube::Error::Api(s)) if s.code == 404 => true,
         Err(e) => {
             counted("failure");
-            let e = e.to_string();
+            let e = crate::kubeconfig::words(&e);
             if failures.get(&name) != Some(&e) {
                 warn!(object = %name, error = %e, "could not write the policy object's status; retrying");
                 failures.insert(name, e);

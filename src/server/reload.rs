@@ -13,7 +13,7 @@ use super::shutdown::stopped;
 use super::{ActivePolicy, AppState, ServeOptions};
 use crate::metrics::ResultLabels;
 use crate::tls::CertStore;
-use tollgate_core::policy::{self, Policy};
+use tollgate_core::{Policy, BUILTIN_SOURCE, BUILTIN_TEXT};
 
 /// Loads a policy file, for start-up and reloads.
 pub fn load_policy(path: &Path) -> Result<ActivePolicy, String> {
@@ -35,9 +35,8 @@ pub(super) fn initial_policy(
             Ok((active, bytes))
         }
         None => {
-            let text = policy::BUILTIN_TEXT;
-            let policy =
-                Policy::from_text(policy::BUILTIN_SOURCE, text).map_err(|e| e.to_string())?;
+            let text = BUILTIN_TEXT;
+            let policy = Policy::from_text(BUILTIN_SOURCE, text).map_err(|e| e.to_string())?;
             Ok((
                 ActivePolicy::new(policy, text.as_bytes()),
                 text.as_bytes().to_vec(),
@@ -149,6 +148,13 @@ impl PolicyWatch {
 /// watch) and the certificate files. Polling, not inotify: Kubernetes swaps a
 /// `..data` symlink for ConfigMap and Secret volumes, which file watches miss easily, and a
 /// read every few seconds costs nothing.
+///
+/// Each poll runs on tokio's blocking pool (`spawn_blocking`), not on a worker: a read of a
+/// file can stall on a slow volume, and a changed policy is then parsed, checked and
+/// composed, milliseconds of CPU; on a worker both would hold up the reviews queued behind
+/// it. `tokio::fs` would move only the reads (each one a blocking task of its own): the
+/// parse would still run on the worker. The loop waits for its poll, so polls never
+/// overlap.
 pub(super) async fn reload_loop(
     opts: ServeOptions,
     mut policy: Option<PolicyWatch>,
@@ -167,10 +173,27 @@ pub(super) async fn reload_loop(
             _ = tokio::time::sleep(opts.reload_interval) => {}
             _ = stopped(&mut stop) => return,
         }
-        if let (Some(path), Some(watch)) = (&opts.policy_path, policy.as_mut()) {
-            poll_policy(path, watch, &composition, &state);
-        }
-        match certs.reload() {
+        let poll = {
+            let (path, mut watch) = (opts.policy_path.clone(), policy.take());
+            let (composition, state, certs) = (composition.clone(), state.clone(), certs.clone());
+            tokio::task::spawn_blocking(move || {
+                if let (Some(path), Some(watch)) = (&path, watch.as_mut()) {
+                    poll_policy(path, watch, &composition, &state);
+                }
+                (watch, certs.reload())
+            })
+        };
+        let reloaded = match poll.await {
+            Ok((watch, reloaded)) => {
+                policy = watch;
+                reloaded
+            }
+            // A panic in the poll is a bug: it stays one, as it would have on the worker.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Cancelled: the runtime is shutting down.
+            Err(_) => return,
+        };
+        match reloaded {
             Ok(changed) => {
                 cert_seen = None;
                 cert_reported = None;

@@ -17,10 +17,9 @@ use tracing::{info, warn};
 use super::{AppState, Limits};
 use crate::cluster::objects::ObjectKind;
 use crate::metrics::Metrics;
-use tollgate_core::cluster::Layered;
-use tollgate_core::optout::OptOut;
-use tollgate_core::policy::{Policy, BASE_PROFILE};
-use tollgate_core::review::{review_bytes_with, Endpoint, ReviewError, Reviewed};
+use tollgate_core::{
+    review_bytes_with, Layered, OptOut, Policy, ReviewError, Reviewed, Stage, BASE_PROFILE,
+};
 
 /// The webhook's routes. Used by the TLS server and, without a socket, by tests.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -159,11 +158,11 @@ async fn readyz(State(s): State<Arc<AppState>>, method: Method) -> Response {
 }
 
 async fn mutate(State(s): State<Arc<AppState>>, req: Request) -> Response {
-    handle(s, Endpoint::Mutate, req).await
+    handle(s, Stage::Mutate, req).await
 }
 
 async fn validate(State(s): State<Arc<AppState>>, req: Request) -> Response {
-    handle(s, Endpoint::Validate, req).await
+    handle(s, Stage::Validate, req).await
 }
 
 /// Decrements the in-flight gauge however the handler ends (including a dropped future).
@@ -175,7 +174,7 @@ impl Drop for InFlight<'_> {
     }
 }
 
-async fn handle(s: Arc<AppState>, endpoint: Endpoint, req: Request) -> Response {
+async fn handle(s: Arc<AppState>, endpoint: Stage, req: Request) -> Response {
     let start = Instant::now();
     s.metrics.in_flight.inc();
     let _guard = InFlight(&s.metrics);
@@ -232,7 +231,7 @@ async fn handle(s: Arc<AppState>, endpoint: Endpoint, req: Request) -> Response 
 /// are fetched once, bounded, and the review run again with them.
 async fn review(
     s: &AppState,
-    endpoint: Endpoint,
+    endpoint: Stage,
     policy: &Policy,
     body: &[u8],
 ) -> Result<Reviewed, ReviewError> {
@@ -281,9 +280,13 @@ async fn read_body(limits: &Limits, req: Request) -> Result<Bytes, Response> {
         )),
         Ok(Ok(b)) => Ok(b),
         Ok(Err(e)) => {
-            let is_limit = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-                || e.to_string().contains("length limit");
+            // By its type, anywhere in the chain: axum wraps http-body-util's error, and
+            // a body of another kind may wrap it deeper.
+            let is_limit =
+                std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |e| {
+                    e.source()
+                })
+                .any(|e| e.is::<http_body_util::LengthLimitError>());
             if is_limit {
                 Err(too_large())
             } else {
@@ -348,7 +351,7 @@ fn log_review(r: &Reviewed, elapsed: Duration, policy_hash: &str) {
 /// object (`TollgateProfile ml/default`, or `gpu+TollgateProfile ml/default` over the
 /// cluster's profile `gpu`); the engine calls it `ml/default` (`gpu+ml/default`).
 fn shown_profile(profile: Option<&str>) -> std::borrow::Cow<'_, str> {
-    use tollgate_core::objects::PROFILE_KIND;
+    use tollgate_core::PROFILE_KIND;
     match profile {
         None => BASE_PROFILE.into(),
         Some(p) if p.contains('/') => match p.split_once('+') {

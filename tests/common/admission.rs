@@ -308,10 +308,10 @@ pub async fn delete_all(client: &Client, objects: &[Value]) {
 /// The policy of `path` (the built-in one where None), every namespace name and glob it
 /// gives (the opt-out's, each profile's match and opt-out) under `prefix`: a glob and a
 /// name keep their match with the prefix on both.
-pub fn policy_under(path: Option<&std::path::Path>, prefix: &str) -> tollgate_core::policy::Policy {
+pub fn policy_under(path: Option<&std::path::Path>, prefix: &str) -> tollgate_core::Policy {
     let mut v: Value = match path {
         Some(p) => serde_saphyr::from_str(&std::fs::read_to_string(p).unwrap()).unwrap(),
-        None => serde_json::to_value(tollgate_core::policy::Policy::builtin()).unwrap(),
+        None => serde_json::to_value(tollgate_core::Policy::builtin()).unwrap(),
     };
     let under = |list: &mut Value| {
         for g in list.as_array_mut().into_iter().flatten() {
@@ -335,6 +335,83 @@ pub fn policy_under(path: Option<&std::path::Path>, prefix: &str) -> tollgate_co
         }
     }
     no_nulls(&mut v);
-    tollgate_core::policy::Policy::from_text("prefixed", &v.to_string())
-        .expect("the prefixed policy loads")
+    tollgate_core::Policy::from_text("prefixed", &v.to_string()).expect("the prefixed policy loads")
+}
+
+/// The label that narrows a [`registration`] to the namespaces (or, for the policy
+/// objects' webhook, the objects) of one test's server: `tollgate-e2e=<name>`.
+pub const REGISTERED: &str = "tollgate-e2e";
+
+/// deploy/base's webhook configurations (`rendered`: `kubectl kustomize deploy/base`) for
+/// a server at `https://127.0.0.1:port` with the CA `ca_pem`, named `name`, and narrowed
+/// to the namespaces labelled [`REGISTERED`]`=name`: each webhook's `clientConfig.service`
+/// replaced by the `url` (no kube-proxy runs to reach a Service), its namespaceSelector
+/// given that one label more; everything else (rules, failurePolicy, reinvocation,
+/// timeouts) as shipped.
+pub fn registration(rendered: &[Value], name: &str, port: u16, ca_pem: &str) -> Vec<Value> {
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let mut out = vec![];
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        let mut c = rendered
+            .iter()
+            .find(|d| d["kind"] == kind)
+            .unwrap_or_else(|| panic!("deploy/base renders no {kind}"))
+            .clone();
+        c["metadata"]["name"] = json!(name);
+        for w in c["webhooks"].as_array_mut().unwrap() {
+            let path = w["clientConfig"]["service"]["path"]
+                .as_str()
+                .expect("a webhook's service path")
+                .to_owned();
+            w["clientConfig"] =
+                json!({"url": format!("https://127.0.0.1:{port}{path}"), "caBundle": ca});
+            if w.get("namespaceSelector").is_some() {
+                w["namespaceSelector"]["matchLabels"][REGISTERED] = json!(name);
+            } else {
+                // The policy objects' webhook selects every namespace, and no
+                // namespaceSelector narrows the cluster-scoped TollgatePolicy: narrowed by
+                // the objects' own label instead, so that no other test's reaches it.
+                w["objectSelector"]["matchLabels"][REGISTERED] = json!(name);
+            }
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Waits (bounded) until the apiserver calls `server`'s webhooks for pods of `namespace`
+/// (one labelled for its [`registration`]): a pod created there with `dryRun=All`, again,
+/// until the server has logged a review of it by each.
+pub async fn until_reviewed(client: &Client, server: &super::process::Served, namespace: &str) {
+    let probe = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "probe", "namespace": namespace},
+        "spec": {"containers": [{"name": "c", "image": "probe"}]}});
+    let seen = |endpoint: &str| {
+        server
+            .lines()
+            .iter()
+            .any(|l| l.contains(namespace) && l.contains(&format!("\"{endpoint}\"")))
+    };
+    super::net::until("the webhooks to be in force", async || {
+        let _ = super::apiserver::create(client, &probe, true).await;
+        seen("mutate") && seen("validate")
+    })
+    .await;
+}
+
+/// Takes a [`registration`] down. Its configurations are cluster-wide: a later namespace
+/// of its label must not reach a server that is gone.
+pub async fn deregister(client: &Client, name: &str) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    let gone = kube::api::DeleteParams::default();
+    let mutating = kube::Api::<MutatingWebhookConfiguration>::all(client.clone());
+    let validating = kube::Api::<ValidatingWebhookConfiguration>::all(client.clone());
+    let _ = mutating.delete(name, &gone).await;
+    let _ = validating.delete(name, &gone).await;
 }

@@ -61,6 +61,21 @@ pub async fn create(client: &Client, object: &Value) {
     }
 }
 
+/// [`create`] of a cluster-wide object other tests of the plane may create alike (a
+/// DeviceClass of the name the shipped policy knows): an AlreadyExists is one of them
+/// having done it.
+pub async fn create_shared(client: &Client, object: &Value) {
+    let obj: DynamicObject = serde_json::from_value(object.clone()).unwrap();
+    match api_of(client, object)
+        .create(&Default::default(), &obj)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("creating {}: {e}", name_of(object)),
+    }
+}
+
 /// A merge patch of `object` (found by its apiVersion, kind, namespace and name).
 pub async fn patch(client: &Client, object: &Value, patch: Value) {
     api_of(client, object)
@@ -283,28 +298,20 @@ impl Pool {
     /// besides its hostname and the pool's.
     pub fn node(&self, name: &str, gpus: &str, labels: Value) -> Value {
         let name = format!("{}-{name}", self.name);
-        let mut l = json!({"kubernetes.io/hostname": name, "tollgate.test/pool": self.name,
+        let mut l = json!({"tollgate.test/pool": self.name,
             "nvidia.com/gpu.product": "A100-SXM4-80GB"});
         l.as_object_mut()
             .unwrap()
             .extend(labels.as_object().unwrap().clone());
-        let resources =
-            json!({"cpu": "94", "memory": "1000Gi", "nvidia.com/gpu": gpus, "pods": "110"});
-        json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": l},
-            "spec": {"taints": [
+        super::scheduling::node(
+            &name,
+            l,
+            json!([
                 {"key": "nvidia.com/gpu", "effect": "NoSchedule"},
                 {"key": "tollgate.test/pool", "value": self.name, "effect": "NoSchedule"}
-            ]},
-            "status": {
-                "capacity": resources, "allocatable": resources,
-                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                    "message": "kubelet is posting ready status",
-                    "lastHeartbeatTime": "2026-01-01T00:00:00Z",
-                    "lastTransitionTime": "2026-01-01T00:00:00Z"}]
-            }
-        })
+            ]),
+            json!({"cpu": "94", "memory": "1000Gi", "nvidia.com/gpu": gpus}),
+        )
     }
 
     /// `spec` (a pod's) made to select the pool's nodes and tolerate their pool taint.

@@ -5,14 +5,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tollgate::server::{ActivePolicy, AppState, Limits};
-use tollgate_core::policy::Policy;
+use tollgate_core::Policy;
 
 pub mod admission;
 pub mod apiserver;
+pub mod bin;
 pub mod context;
 pub mod envtest;
+pub mod golden;
 pub mod identity;
 pub mod policy;
+pub mod rng;
+pub mod scheduling;
 pub mod tools;
 
 /// A pod with no resources at all, which validation refuses.
@@ -46,20 +50,13 @@ pub fn builtin_policy() -> Policy {
     BUILTIN.get_or_init(Policy::builtin).clone()
 }
 
-/// The golden cases' folders (`tests/golden/*/`), sorted: what every test that walks the
-/// goldens reads.
-pub fn golden_dirs() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root().join("tests/golden"))
-        .expect("tests/golden exists")
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
-        .collect();
-    dirs.sort();
-    dirs
+/// Where a fixture of `tests/fixtures/apiserver-v1.36/` is.
+pub fn fixture_path(name: &str) -> PathBuf {
+    root().join("tests/fixtures/apiserver-v1.36").join(name)
 }
 
 pub fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(root().join("tests/fixtures/apiserver-v1.36").join(name)).unwrap()
+    std::fs::read(fixture_path(name)).unwrap()
 }
 
 pub fn fixture_names() -> Vec<String> {
@@ -468,10 +465,7 @@ pub mod process {
         extra: &[&str],
     ) -> Served {
         let policy: PathBuf = policy.map_or_else(|| dir.path().join("policy.yaml"), Path::to_owned);
-        // A measurement may point at a release build instead.
-        let bin = std::env::var("TOLLGATE_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_tollgate").to_owned());
-        let mut cmd = Command::new(bin);
+        let mut cmd = super::bin::command();
         cmd.arg("serve").arg("--policy").arg(&policy);
         spawn(cmd, dir, ca_pem, log_format, extra)
     }
@@ -479,9 +473,7 @@ pub mod process {
     /// [`serve`] without `--policy`, run from `dir`: the built-in policy, and no
     /// `policies/` directory anywhere the server could find one.
     pub fn serve_builtin(dir: TempDir, ca_pem: String, extra: &[&str]) -> Served {
-        let bin = std::env::var("TOLLGATE_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_tollgate").to_owned());
-        let mut cmd = Command::new(bin);
+        let mut cmd = super::bin::command();
         cmd.arg("serve").current_dir(dir.path());
         spawn(cmd, dir, ca_pem, "json", extra)
     }

@@ -2,11 +2,13 @@
 //! real kube-apiserver cannot be made to do on cue.
 //!
 //! The tests run against a real kube-apiserver and etcd wherever they can
-//! (tests/common/envtest.rs: envtest's binaries, started once per test binary): what the
-//! apiserver decides (what it decodes, validates, defaults, stores and authorizes, the CRDs
-//! of Kueue and Kubeflow Trainer, RBAC's 403s) is held to the apiserver itself. This crate
-//! is left for faults and for clusters that one apiserver, shared by the tests running in
-//! parallel, cannot be:
+//! (tests/common/envtest.rs: envtest's binaries, started once per test binary, and on
+//! demand planes of other shapes: one serving DRA only as v1beta1, one serving no DRA and
+//! no CRDs, one with the real scheduler and controllers): what the apiserver decides (what
+//! it decodes, validates, defaults, stores and authorizes, the CRDs of Kueue and Kubeflow
+//! Trainer, RBAC's 403s) and what a cluster of another shape serves are held to the
+//! apiserver itself. This crate is left for what a real apiserver cannot be made to do on
+//! cue. Its users, all of them:
 //!
 //! - a list that fails (500, 503) until the test says otherwise: `/readyz` waiting for the
 //!   first sync (tests/cluster_context.rs `readyz_waits_for_the_first_sync`;
@@ -15,18 +17,24 @@
 //!   so that only a GET can know an object just written, and the GETs counted
 //!   ([`ApiServer::count`]): cluster_context `a_template_missing_from_the_cache_is_fetched_once`
 //!   and `a_namespace_the_watch_has_not_delivered_is_fetched_once`, trainjob_context
-//!   `a_runtime_the_watch_has_not_delivered_is_fetched_once`;
+//!   `a_runtime_the_watch_has_not_delivered_is_fetched_once`, feasibility_context
+//!   `a_template_the_watch_holds_back_is_fetched_in_the_version_served` (DRA served as
+//!   `v1beta1` only, the GET's path read from the request log);
 //! - a GET that does not answer in time: cluster_context `a_slow_fetch_is_cut_short`;
 //! - a watch broken mid-stream with its history compacted (410 Gone) while lists fail:
 //!   cluster_context `a_broken_watch_keeps_the_last_state_and_recovers`;
-//! - clusters other than the tests' apiserver: DRA served as `v1beta1` only
-//!   (feasibility_context `a_cluster_serving_dra_v1beta1_only`), no DRA at all
-//!   (`what_the_cluster_does_not_serve_holds_nothing_up`), no Kueue
-//!   (`without_kueue_the_quota_decides`), no Kubeflow Trainer (trainjob_context
-//!   `without_trainer_the_server_is_ready_and_allows_with_a_warning`): the real one serves
-//!   what it was started with and the CRDs the binary's other tests install;
-//! - and, until issue 28 moves them onto the real apiserver, the tests of
-//!   tests/audit.rs, audit_server.rs, self_managed_certs.rs, deploy.rs and monitoring.rs.
+//! - a continue token expired mid-list by a compaction on cue ([`ApiServer::compact`]):
+//!   tests/audit.rs `an_expired_continue_token_resumes_with_the_one_the_410_carries`;
+//! - Secret creates that fail (500) twice, then succeed late: tests/self_managed_certs.rs
+//!   `failed_secret_creates_are_retried_with_the_same_ca`;
+//! - the requests themselves as the claim, read from the request log
+//!   ([`ApiServer::requests_for`]): audit `pods_are_listed_in_pages_namespace_by_namespace`
+//!   (the pages of a list), `audit_reports_what_can_never_run` (a cluster per golden case,
+//!   nodes and classes each listed once);
+//! - tens of thousands of pods put in place at once ([`ApiServer::insert_many`]), for
+//!   measurements: audit `memory_stays_flat_from_5000_to_20000_pods` (and the ignored
+//!   `..._to_50000_pods`), tests/audit_server.rs
+//!   `review_latency_with_and_without_a_background_audit` (ignored).
 //!
 //! It no longer imitates what only the moved tests needed: ConfigMaps and
 //! ClusterPolicyReports are not registered (tollgate reads neither), and a fault's message

@@ -20,19 +20,16 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 
 use crate::cluster::Cluster;
-pub use crate::mutate::Added;
+pub(crate) use crate::mutate::Added;
 use crate::mutate::Step;
 use crate::optout::{self, OptOut};
-use crate::pipeline::{self, PipelineError};
+use crate::pipeline;
 use crate::policy::{Mode, Operation, Policy, WorkloadKind};
 use crate::requester::{Requester, AUTHENTICATED};
+use crate::stage::Stage;
 use crate::validate::Missing;
+use crate::words::join_words;
 use crate::{judge, profile, workload};
-
-/// The requester of an audited object's review: nobody in particular. Empty, so that no
-/// user glob but `*` names it; its one group is `system:authenticated`, which every real
-/// requester of a pod has too.
-pub const UNKNOWN_USER: &str = "";
 
 /// Fields the apiserver, the scheduler and the kubelet write after an object was created,
 /// which the mutating webhook never saw: taken back out before the object is reviewed.
@@ -53,7 +50,7 @@ const SET_AFTER_CREATION: [&str; 8] = [
 /// by `kubectl debug` through a subresource). What users and controllers changed since
 /// (labels, annotations, resources resized in place) stays: the audit judges the object as
 /// it is now.
-pub fn as_created(object: &mut Value) {
+pub(crate) fn as_created(object: &mut Value) {
     let is_pod = object.get("kind").and_then(Value::as_str) == Some("Pod");
     let Some(o) = object.as_object_mut() else {
         return;
@@ -101,6 +98,13 @@ impl ObjectRef {
             name: s("/metadata/name"),
             uid: s("/metadata/uid"),
         }
+    }
+
+    /// Its kind as a person reads it: `pod`, `job`, `job.batch.volcano.sh` where a built-in
+    /// kind has the same name.
+    pub fn noun(&self) -> String {
+        let group = self.api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        crate::names::kind_noun(group, &self.kind)
     }
 
     pub fn to_json(&self) -> Value {
@@ -170,7 +174,7 @@ impl Rule {
 
 /// A finding's result, in the words of a PolicyReport result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Status {
+pub enum FindingStatus {
     /// Would be refused (under `enforce`, whatever the policy's mode is now).
     Fail,
     /// Lacks what mutation would add, or an opt-out that is not (or not surely) honoured.
@@ -181,13 +185,13 @@ pub enum Status {
     Error,
 }
 
-impl Status {
+impl FindingStatus {
     pub fn as_str(self) -> &'static str {
         match self {
-            Status::Fail => "fail",
-            Status::Warn => "warn",
-            Status::Skip => "skip",
-            Status::Error => "error",
+            FindingStatus::Fail => "fail",
+            FindingStatus::Warn => "warn",
+            FindingStatus::Skip => "skip",
+            FindingStatus::Error => "error",
         }
     }
 }
@@ -221,7 +225,7 @@ impl OptOutState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finding {
     pub rule: Rule,
-    pub status: Status,
+    pub status: FindingStatus,
     /// One line for a person.
     pub message: String,
     /// For [`Rule::Requests`]: the containers and what they lack.
@@ -249,7 +253,9 @@ pub struct Audited {
 impl Audited {
     /// Whether a CREATE of the object would be refused under `enforce`.
     pub fn refused(&self) -> bool {
-        self.findings.iter().any(|f| f.status == Status::Fail)
+        self.findings
+            .iter()
+            .any(|f| f.status == FindingStatus::Fail)
     }
 
     /// Whether mutation would change the object.
@@ -270,7 +276,7 @@ impl Audited {
             "message": f.message,
             "optOut": self.opt_out.as_str(),
             "profile": self.profile.as_deref().unwrap_or(crate::policy::BASE_PROFILE),
-            "mode": mode_str(self.mode),
+            "mode": self.mode.as_str(),
         });
         if f.rule == Rule::Requests {
             v["missing"] = f
@@ -288,32 +294,6 @@ impl Audited {
     }
 }
 
-pub fn mode_str(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Enforce => "enforce",
-        Mode::Warn => "warn",
-        Mode::Audit => "audit",
-    }
-}
-
-/// The review an audit runs for `object` (as [`as_created`] left it): a CREATE in its
-/// namespace by [`UNKNOWN_USER`], as `tollgate review` would send it.
-pub fn review_of(object: Value) -> Value {
-    let mut review = pipeline::synthetic_review(&Value::Null, None, UNKNOWN_USER, &[]);
-    let namespace = namespace_of(&object).to_owned();
-    let name = object
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
-    if let Some(r) = review.get_mut("request") {
-        r["namespace"] = json!(namespace);
-        r["name"] = json!(name);
-        r["object"] = object;
-    }
-    review
-}
-
 /// The namespace an object is judged in (a CREATE without one lands in `default`).
 fn namespace_of(object: &Value) -> &str {
     object
@@ -325,16 +305,12 @@ fn namespace_of(object: &Value) -> &str {
 /// Judges an object read from the cluster: as created, by the one judgement the webhooks
 /// use (a pod's, or each pod a workload's templates will make), its findings drawn from
 /// what that judgement found.
-pub fn judge(
-    policy: &Policy,
-    cluster: &dyn Cluster,
-    mut object: Value,
-) -> Result<Audited, PipelineError> {
+pub fn judge(policy: &Policy, cluster: &dyn Cluster, mut object: Value) -> Audited {
     let who = ObjectRef::of(&object);
     as_created(&mut object);
     let (group, version) = pipeline::group_version(&who.api_version);
     if let Some(kind) = policy.workloads.kind(group, version, &who.kind) {
-        return Ok(judge_workload(policy, cluster, who, &object, kind));
+        return judge_workload(policy, cluster, who, &object, kind);
     }
     let mut out = Audited {
         object: who,
@@ -346,7 +322,7 @@ pub fn judge(
     };
     if out.object.kind != "Pod" || out.object.api_version != "v1" {
         // Neither a pod nor a workload the policy lists: nothing tollgate judges.
-        return Ok(out);
+        return out;
     }
     let namespace = namespace_of(&object).to_owned();
     let user = controlled(&object)
@@ -359,12 +335,12 @@ pub fn judge(
         Err(e) => {
             out.findings.push(Finding {
                 rule: Rule::Review,
-                status: Status::Error,
+                status: FindingStatus::Error,
                 message: format!("tollgate could not read this pod: {e}"),
                 missing: vec![],
                 adds: vec![],
             });
-            return Ok(out);
+            return out;
         }
     };
     let selected = profile::select(
@@ -388,7 +364,7 @@ pub fn judge(
     // Decided here only when neither webhook would (nothing mutated, nothing validated):
     // the opt-out is still reported.
     let opt_out = optout::decide(selected.policy, &pod, &requester);
-    let j = judge::pod(&subject, cluster, &mut pod, judge::Stages::Both, false);
+    let j = judge::pod(&subject, cluster, &mut pod, Stage::All, false);
     out.warnings.extend(selected.warning);
     out.profile.clone_from(&j.profile);
     out.mode = selected.policy.validation.mode;
@@ -404,7 +380,7 @@ pub fn judge(
     out.warnings.extend(drawn.warnings);
     out.findings
         .sort_by_key(|f| Rule::ALL.iter().position(|r| *r == f.rule));
-    Ok(out)
+    out
 }
 
 /// Whom an audited object is judged for: its controller's account, or nobody known.
@@ -435,7 +411,7 @@ pub fn controlled(object: &Value) -> bool {
 /// `optOut.controllers` pattern matches (its `*` and `?` filled in), so that the object is
 /// judged as its controller's request is, by the approval its template carries. None when
 /// the policy names no controller.
-pub fn controller_user(policy: &Policy) -> Option<String> {
+pub(crate) fn controller_user(policy: &Policy) -> Option<String> {
     let first = policy.opt_out.controllers.first()?;
     Some(first.as_str().replace(['*', '?'], "x"))
 }
@@ -482,7 +458,7 @@ fn judge_workload(
         if let Some(e) = &t.unreadable {
             out.findings.push(Finding {
                 rule: Rule::Review,
-                status: Status::Error,
+                status: FindingStatus::Error,
                 message: lead(&format!("the template is not a pod spec: {e}")),
                 missing: vec![],
                 adds: vec![],
@@ -532,10 +508,14 @@ fn judge_workload(
 /// Feasibility's findings as the audit's: what can never run fails (it would be refused
 /// under `feasibility.mode: enforce`, and never runs in any mode), what cannot run now
 /// warns.
-fn feasibility_findings(found: &[crate::feasible::Finding]) -> impl Iterator<Item = Finding> + '_ {
+fn feasibility_findings(found: &[crate::feasible::Obstacle]) -> impl Iterator<Item = Finding> + '_ {
     found.iter().map(|f| Finding {
         rule: Rule::Feasibility,
-        status: if f.never { Status::Fail } else { Status::Warn },
+        status: if f.never {
+            FindingStatus::Fail
+        } else {
+            FindingStatus::Warn
+        },
         message: if f.never {
             format!("can never run: {}", f.message)
         } else if f.in_turns {
@@ -590,7 +570,7 @@ impl Drawn {
                             "{} {:?} has no request for {}",
                             m.noun,
                             m.container,
-                            join_and(&m.resources)
+                            join_words(&m.resources)
                         )
                     })
                     .collect();
@@ -604,7 +584,7 @@ impl Drawn {
                 }
                 out.findings.push(Finding {
                     rule: Rule::Requests,
-                    status: Status::Fail,
+                    status: FindingStatus::Fail,
                     message,
                     missing: v.missing.clone(),
                     adds: vec![],
@@ -615,8 +595,8 @@ impl Drawn {
             out.findings.extend(feasibility_findings(&f.findings));
         }
         if let Some(m) = &j.mutation {
-            for step in &m.outcome.applied {
-                let adds = in_order(*step, m.outcome.added_by(*step).cloned().collect());
+            for step in &m.report.applied {
+                let adds = in_order(*step, m.report.added_by(*step).cloned().collect());
                 let message = if adds.is_empty() {
                     format!("would be changed by {}", step.as_str())
                 } else {
@@ -625,7 +605,7 @@ impl Drawn {
                 };
                 out.findings.push(Finding {
                     rule: Rule::Step(*step),
-                    status: Status::Warn,
+                    status: FindingStatus::Warn,
                     message,
                     missing: vec![],
                     adds,
@@ -643,7 +623,7 @@ impl Drawn {
             OptOut::Honoured => (
                 OptOutState::Honoured,
                 Some((
-                    Status::Skip,
+                    FindingStatus::Skip,
                     match approved_for {
                         Some(by) => format!(
                             "opted out with {annotation}, approved at the workload for user {by:?}: neither mutated nor checked"
@@ -656,12 +636,12 @@ impl Drawn {
             ),
             OptOut::Refused(why) => (
                 OptOutState::Refused(why.clone()),
-                Some((Status::Warn, format!("{why}; handled as usual"))),
+                Some((FindingStatus::Warn, format!("{why}; handled as usual"))),
             ),
             OptOut::Unverified(why) => (
                 OptOutState::Unverified(why.clone()),
                 Some((
-                    Status::Warn,
+                    FindingStatus::Warn,
                     format!("opt-out unverified: {why}; judged as not honoured"),
                 )),
             ),
@@ -683,20 +663,17 @@ impl Drawn {
     }
 }
 
-fn join_and(items: &[String]) -> String {
-    match items {
-        [] => String::new(),
-        [one] => one.clone(),
-        [init @ .., last] => format!("{} and {last}", init.join(", ")),
-    }
-}
-
 /// What a step added, in the order findings list it: volumes first (as added), then by
 /// container name, each container's mounts by name and path, its variables by name, its
 /// limits by resource.
 fn in_order(step: Step, mut adds: Vec<Added>) -> Vec<Added> {
-    if matches!(step, Step::DriverMounts | Step::DefaultResources) {
-        adds.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
+    match step {
+        Step::DriverMounts | Step::DefaultResources => {
+            adds.sort_by(|a, b| order_key(a).cmp(&order_key(b)));
+        }
+        // Added in the one order that makes sense of them: the classes' tolerations, the
+        // one sidecar.
+        Step::Tolerations | Step::MetricsSidecar => {}
     }
     adds
 }
@@ -723,7 +700,7 @@ fn order_key(a: &Added) -> (u8, &str, u8, &str, &str) {
 mod tests {
     use super::*;
     use crate::cluster::Objects;
-    use crate::pipeline::Stage;
+    use crate::stage::Stage;
 
     fn pod(meta: Value, spec: Value) -> Value {
         let mut m = json!({"name": "p", "namespace": "ml", "uid": "u-1",
@@ -771,7 +748,7 @@ mod tests {
     #[test]
     fn a_training_pod_never_mutated_lacks_each_step_and_a_mutated_one_nothing() {
         let policy = Policy::builtin();
-        let a = judge(&policy, &Objects::complete(), gpu_trainer()).unwrap();
+        let a = judge(&policy, &Objects::complete(), gpu_trainer());
         assert_eq!(a.object.uid, "u-1");
         assert_eq!(
             rules(&a),
@@ -795,15 +772,14 @@ mod tests {
         ));
 
         // The same pod as tollgate mutated it (then defaulted, then stored): nothing left.
-        let review = review_of({
-            let mut p = gpu_trainer();
-            as_created(&mut p);
-            p
-        });
+        let mut created = gpu_trainer();
+        as_created(&mut created);
+        // Created by nobody in particular, as the audit judges it.
+        let review = pipeline::synthetic_review(&created, None, "", &[]);
         let judged = pipeline::run(&policy, &Objects::complete(), &review, Stage::All).unwrap();
         let mut stored = judged.mutated.unwrap();
         crate::pod::default_requests_from_limits(&mut stored);
-        let again = judge(&policy, &Objects::complete(), stored).unwrap();
+        let again = judge(&policy, &Objects::complete(), stored);
         assert!(again.findings.is_empty(), "{:?}", again.findings);
     }
 
@@ -814,7 +790,7 @@ mod tests {
             json!({}),
             json!({"containers": [{"name": "jupyter", "image": "j"}]}),
         );
-        let a = judge(&policy, &Objects::complete(), p.clone()).unwrap();
+        let a = judge(&policy, &Objects::complete(), p.clone());
         assert_eq!(rules(&a), [("requests", "fail")]);
         assert!(a.refused());
         assert_eq!(a.findings[0].missing[0].container, "jupyter");
@@ -830,7 +806,7 @@ mod tests {
         );
 
         policy.validation.mode = Mode::Warn;
-        let a = judge(&policy, &Objects::complete(), p).unwrap();
+        let a = judge(&policy, &Objects::complete(), p);
         assert_eq!(rules(&a), [("requests", "fail")]);
         assert!(a.findings[0].message.contains("once enforced"));
         assert_eq!(a.mode, Mode::Warn);
@@ -851,8 +827,7 @@ mod tests {
             &Objects::complete(),
             made(json!({"tollgate.dev/opt-out": "true",
                         "tollgate.dev/opt-out-approved-by": "alice"})),
-        )
-        .unwrap();
+        );
         assert_eq!(a.opt_out, OptOutState::Honoured);
         assert_eq!(rules(&a), [("opt-out", "skip")]);
         assert!(
@@ -867,8 +842,7 @@ mod tests {
             &policy,
             &Objects::complete(),
             made(json!({"tollgate.dev/opt-out": "true"})),
-        )
-        .unwrap();
+        );
         assert!(
             matches!(&a.opt_out, OptOutState::Refused(w) if w.contains("tollgate.dev/opt-out-approved-by")),
             "{:?}",
@@ -895,8 +869,7 @@ mod tests {
             &bare,
             &Objects::complete(),
             job(json!({}), json!([{"name": "jupyter", "image": "j"}])),
-        )
-        .unwrap();
+        );
         assert_eq!(a.object.kind, "Job");
         assert_eq!(a.object.uid, "j-1");
         assert_eq!(
@@ -915,8 +888,7 @@ mod tests {
                 json!({}),
                 json!([{"name": "t", "image": "t", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]),
             ),
-        )
-        .unwrap();
+        );
         assert!(!a.refused() && a.mutated(), "{:?}", rules(&a));
 
         // An approved opt-out in the template: honoured for its pods.
@@ -928,8 +900,7 @@ mod tests {
                     "tollgate.dev/opt-out-approved-by": "alice"}}),
                 json!([{"name": "jupyter", "image": "j"}]),
             ),
-        )
-        .unwrap();
+        );
         assert_eq!(a.opt_out, OptOutState::Honoured);
         assert!(!a.refused());
     }
@@ -945,11 +916,11 @@ mod tests {
             "spec": {"pytorchReplicaSpecs": {"Master": replica(&sized), "Worker": replica(&bare)}}});
         let mut bare = Policy::builtin();
         bare.mutation.default_resources.enabled = false;
-        let a = judge(&bare, &Objects::complete(), job).unwrap();
+        let a = judge(&bare, &Objects::complete(), job);
         let fails: Vec<&str> = a
             .findings
             .iter()
-            .filter(|f| f.status == Status::Fail)
+            .filter(|f| f.status == FindingStatus::Fail)
             .map(|f| f.message.as_str())
             .collect();
         assert_eq!(fails.len(), 1, "{fails:?}");
@@ -966,7 +937,7 @@ mod tests {
         };
         // The shipped policy: only system:masters may opt out, anywhere.
         let mut policy = Policy::builtin();
-        let a = judge(&policy, &Objects::complete(), opted()).unwrap();
+        let a = judge(&policy, &Objects::complete(), opted());
         assert!(
             matches!(&a.opt_out, OptOutState::Unverified(w) if w.contains("group system:masters"))
         );
@@ -976,20 +947,20 @@ mod tests {
             .contains("unless whoever creates it may opt out"));
 
         policy.opt_out.namespaces = vec!["sandbox-*".into()];
-        let a = judge(&policy, &Objects::complete(), opted()).unwrap();
+        let a = judge(&policy, &Objects::complete(), opted());
         assert!(matches!(&a.opt_out, OptOutState::Refused(w) if w.contains("namespace \"ml\"")));
         assert_eq!(rules(&a), [("requests", "fail"), ("opt-out", "warn")]);
 
         policy.opt_out.namespaces = vec!["ml".into()];
         policy.opt_out.groups = vec![];
-        let a = judge(&policy, &Objects::complete(), opted()).unwrap();
+        let a = judge(&policy, &Objects::complete(), opted());
         assert_eq!(a.opt_out, OptOutState::Honoured);
         assert_eq!(rules(&a), [("opt-out", "skip")]);
         assert!(!a.refused());
 
         // Every real requester is authenticated: a policy that names the group honours all.
         policy.opt_out.groups = vec!["system:authenticated".into()];
-        let a = judge(&policy, &Objects::complete(), opted()).unwrap();
+        let a = judge(&policy, &Objects::complete(), opted());
         assert_eq!(a.opt_out, OptOutState::Honoured);
     }
 }

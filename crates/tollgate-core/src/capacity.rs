@@ -35,20 +35,20 @@ use k8s_openapi::api::core::v1::Node;
 use crate::quantity;
 
 /// The label that names a node, which every node has its own value of.
-pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+pub(crate) const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
 /// A label key with more distinct values than this among the schedulable nodes is a host
 /// key: kept per node, not in shapes. Zones, instance types, GPU products and driver
 /// versions have a handful each; a per-node timestamp or id has one per node. Below it, the
 /// shapes stay few however a pool is labelled; above it, a key no longer splits shapes.
-pub const HOST_KEY_VALUES: usize = 64;
+pub(crate) const HOST_KEY_VALUES: usize = 64;
 
 /// Taint keys under these prefixes are the node lifecycle's: they come and go.
 const LIFECYCLE_TAINTS: [&str; 2] = ["node.kubernetes.io/", "node.cloudprovider.kubernetes.io/"];
 
 /// A string shared by whatever holds it: label keys and the values shapes hold are
 /// interned by [`Index`], one allocation each for every node and shape that carries them.
-pub type Sym = Arc<str>;
+pub(crate) type Sym = Arc<str>;
 
 /// Labels: `(key, value)` pairs sorted by key, in one shared allocation.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

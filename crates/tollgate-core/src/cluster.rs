@@ -51,7 +51,7 @@ impl<T> Lookup<T> {
 
 /// The kinds of object a review can ask about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Kind {
+pub enum ContextKind {
     ResourceClaim,
     ResourceClaimTemplate,
     Namespace,
@@ -61,14 +61,14 @@ pub enum Kind {
     ClusterTrainingRuntime,
 }
 
-impl Kind {
+impl ContextKind {
     pub fn as_str(self) -> &'static str {
         match self {
-            Kind::ResourceClaim => "ResourceClaim",
-            Kind::ResourceClaimTemplate => "ResourceClaimTemplate",
-            Kind::Namespace => "Namespace",
-            Kind::TrainingRuntime => "TrainingRuntime",
-            Kind::ClusterTrainingRuntime => "ClusterTrainingRuntime",
+            ContextKind::ResourceClaim => "ResourceClaim",
+            ContextKind::ResourceClaimTemplate => "ResourceClaimTemplate",
+            ContextKind::Namespace => "Namespace",
+            ContextKind::TrainingRuntime => "TrainingRuntime",
+            ContextKind::ClusterTrainingRuntime => "ClusterTrainingRuntime",
         }
     }
 }
@@ -76,13 +76,18 @@ impl Kind {
 /// An object a review asked about and could not be told of.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectKey {
-    pub kind: Kind,
+    pub kind: ContextKind,
     /// Empty for a Namespace and a ClusterTrainingRuntime.
     pub namespace: String,
     pub name: String,
 }
 
 /// What a review may ask of the cluster. Every method answers at once, from memory.
+///
+/// No method has a default answer: every implementation says, for each source of cluster
+/// knowledge, where its answer comes from (or that it has none), so that a new source
+/// does not compile until each of them does. The sources, and where each is kept current:
+/// docs/architecture.md, "Where new work goes".
 pub trait Cluster {
     fn resource_claim(&self, namespace: &str, name: &str) -> Lookup<Arc<ResourceClaim>>;
     fn resource_claim_template(
@@ -92,56 +97,38 @@ pub trait Cluster {
     ) -> Lookup<Arc<ResourceClaimTemplate>>;
     fn namespace(&self, name: &str) -> Lookup<Arc<Namespace>>;
 
-    /// A Kubeflow Trainer TrainingRuntime, as its JSON. Not known, unless the context
-    /// holds runtimes.
-    fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<Value>> {
-        let _ = (namespace, name);
-        Lookup::Unknown
-    }
+    /// A Kubeflow Trainer TrainingRuntime, as its JSON.
+    fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<Value>>;
 
     /// A Kubeflow Trainer ClusterTrainingRuntime, as its JSON.
-    fn cluster_training_runtime(&self, name: &str) -> Lookup<Arc<Value>> {
-        let _ = name;
-        Lookup::Unknown
-    }
+    fn cluster_training_runtime(&self, name: &str) -> Lookup<Arc<Value>>;
 
     /// True when there is no cluster context at all (`--cluster-context off`): messages
     /// then say so rather than blame the object.
-    fn is_offline(&self) -> bool {
-        false
-    }
+    fn is_offline(&self) -> bool;
 
     /// The schedulable nodes, by shape. None: this context does not hold nodes at all
     /// (none given to `tollgate review`, no cluster context): feasibility says nothing of
     /// them. `Some(Unknown)`: it should and does not yet (a cache not synced): said once.
-    fn nodes(&self) -> Option<Lookup<Arc<Nodes>>> {
-        None
-    }
+    fn nodes(&self) -> Option<Lookup<Arc<Nodes>>>;
 
     /// The ResourceQuotas of a namespace (none: an empty list). None and `Some(Unknown)`
     /// as for [`Cluster::nodes`].
-    fn resource_quotas(&self, _namespace: &str) -> Option<Lookup<Arc<[Arc<ResourceQuota>]>>> {
-        None
-    }
+    fn resource_quotas(&self, namespace: &str) -> Option<Lookup<Arc<[Arc<ResourceQuota>]>>>;
 
     /// The names of the DeviceClasses. None and `Some(Unknown)` as for [`Cluster::nodes`].
-    fn device_classes(&self) -> Option<Lookup<Arc<BTreeSet<String>>>> {
-        None
-    }
+    fn device_classes(&self) -> Option<Lookup<Arc<BTreeSet<String>>>>;
 
     /// A Kueue LocalQueue (`kueue.x-k8s.io`, as JSON). None and `Some(Unknown)` as for
     /// [`Cluster::nodes`].
-    fn kueue_local_queue(&self, _namespace: &str, _name: &str) -> Option<Lookup<Arc<Value>>> {
-        None
-    }
+    fn kueue_local_queue(&self, namespace: &str, name: &str) -> Option<Lookup<Arc<Value>>>;
 
     /// A Kueue ClusterQueue (as JSON). None and `Some(Unknown)` as for [`Cluster::nodes`].
-    fn kueue_cluster_queue(&self, _name: &str) -> Option<Lookup<Arc<Value>>> {
-        None
-    }
+    fn kueue_cluster_queue(&self, name: &str) -> Option<Lookup<Arc<Value>>>;
 }
 
-/// No cluster context at all: every object is unknown.
+/// No cluster context at all: every object is unknown, and nothing of what the cluster
+/// offers pods is held.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Offline;
 
@@ -155,8 +142,29 @@ impl Cluster for Offline {
     fn namespace(&self, _: &str) -> Lookup<Arc<Namespace>> {
         Lookup::Unknown
     }
+    fn training_runtime(&self, _: &str, _: &str) -> Lookup<Arc<Value>> {
+        Lookup::Unknown
+    }
+    fn cluster_training_runtime(&self, _: &str) -> Lookup<Arc<Value>> {
+        Lookup::Unknown
+    }
     fn is_offline(&self) -> bool {
         true
+    }
+    fn nodes(&self) -> Option<Lookup<Arc<Nodes>>> {
+        None
+    }
+    fn resource_quotas(&self, _: &str) -> Option<Lookup<Arc<[Arc<ResourceQuota>]>>> {
+        None
+    }
+    fn device_classes(&self) -> Option<Lookup<Arc<BTreeSet<String>>>> {
+        None
+    }
+    fn kueue_local_queue(&self, _: &str, _: &str) -> Option<Lookup<Arc<Value>>> {
+        None
+    }
+    fn kueue_cluster_queue(&self, _: &str) -> Option<Lookup<Arc<Value>>> {
+        None
     }
 }
 
@@ -183,9 +191,12 @@ pub struct Objects {
     pub device_classes: Option<Arc<BTreeSet<String>>>,
     /// The Node objects `nodes` was built from (a file's).
     pub node_objects: Vec<Node>,
-    /// Kueue's LocalQueues by namespace and name, and ClusterQueues by name, when the set
-    /// holds any (then it knows them all).
-    pub kueue: Option<Kueue>,
+    /// Kueue's LocalQueues by namespace and name, when the set holds them (then it knows
+    /// them all).
+    pub local_queues: Option<BTreeMap<(String, String), Arc<Value>>>,
+    /// Kueue's ClusterQueues by name, when the set holds them (shared: an audit lists
+    /// them once for every namespace).
+    pub cluster_queues: Option<Arc<BTreeMap<String, Arc<Value>>>>,
 }
 
 impl Objects {
@@ -197,7 +208,7 @@ impl Objects {
         }
     }
 
-    fn miss<T>(&self, kind: Kind, namespace: &str, name: &str) -> Lookup<T> {
+    fn miss<T>(&self, kind: ContextKind, namespace: &str, name: &str) -> Lookup<T> {
         let key = ObjectKey {
             kind,
             namespace: namespace.to_owned(),
@@ -253,26 +264,19 @@ impl Objects {
     }
 
     /// Adds a Kueue LocalQueue or ClusterQueue (by its `kind`), as JSON: from now on the set
-    /// knows them all. False for anything else.
+    /// knows them all, of both kinds (a file holds what there is). False for anything else.
     pub fn add_kueue_queue(&mut self, queue: Value) -> bool {
-        let meta = |k: &str| {
-            queue
-                .pointer(&format!("/metadata/{k}"))
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let (namespace, name) = (meta("namespace"), meta("name"));
+        let (namespace, name) = namespace_and_name(&queue);
         let kind = queue.get("kind").and_then(Value::as_str).unwrap_or("");
-        let k = self.kueue.get_or_insert_with(Kueue::default);
-        match kind {
-            "LocalQueue" => {
-                k.local_queues.insert((namespace, name), Arc::new(queue));
-            }
-            "ClusterQueue" => {
-                k.cluster_queues.insert(name, Arc::new(queue));
-            }
-            _ => return false,
+        if !matches!(kind, "LocalQueue" | "ClusterQueue") {
+            return false;
+        }
+        let locals = self.local_queues.get_or_insert_with(BTreeMap::new);
+        let clusters = self.cluster_queues.get_or_insert_with(Default::default);
+        if kind == "LocalQueue" {
+            locals.insert((namespace, name), Arc::new(queue));
+        } else {
+            Arc::make_mut(clusters).insert(name, Arc::new(queue));
         }
         true
     }
@@ -287,14 +291,7 @@ impl Objects {
     /// A TrainingRuntime or ClusterTrainingRuntime (by its `kind`), as JSON; false for
     /// anything else.
     pub fn add_training_runtime(&mut self, runtime: Value) -> bool {
-        let meta = |k: &str| {
-            runtime
-                .pointer(&format!("/metadata/{k}"))
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let (namespace, name) = (meta("namespace"), meta("name"));
+        let (namespace, name) = namespace_and_name(&runtime);
         match runtime.get("kind").and_then(Value::as_str) {
             Some("TrainingRuntime") => {
                 self.training_runtimes
@@ -328,11 +325,25 @@ fn namespaced_key(
     )
 }
 
+/// An object's `metadata.namespace` (empty for a cluster-scoped one) and `metadata.name`,
+/// as JSON holds them.
+pub fn namespace_and_name(object: &Value) -> (String, String) {
+    let meta = |k: &str| {
+        object
+            .get("metadata")
+            .and_then(|m| m.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    (meta("namespace"), meta("name"))
+}
+
 impl Cluster for Objects {
     fn resource_claim(&self, namespace: &str, name: &str) -> Lookup<Arc<ResourceClaim>> {
         match self.claims.get(&(namespace.to_owned(), name.to_owned())) {
             Some(c) => Lookup::Found(c.clone()),
-            None => self.miss(Kind::ResourceClaim, namespace, name),
+            None => self.miss(ContextKind::ResourceClaim, namespace, name),
         }
     }
     fn resource_claim_template(
@@ -342,13 +353,13 @@ impl Cluster for Objects {
     ) -> Lookup<Arc<ResourceClaimTemplate>> {
         match self.templates.get(&(namespace.to_owned(), name.to_owned())) {
             Some(t) => Lookup::Found(t.clone()),
-            None => self.miss(Kind::ResourceClaimTemplate, namespace, name),
+            None => self.miss(ContextKind::ResourceClaimTemplate, namespace, name),
         }
     }
     fn namespace(&self, name: &str) -> Lookup<Arc<Namespace>> {
         match self.namespaces.get(name) {
             Some(n) => Lookup::Found(n.clone()),
-            None => self.miss(Kind::Namespace, "", name),
+            None => self.miss(ContextKind::Namespace, "", name),
         }
     }
     fn nodes(&self) -> Option<Lookup<Arc<Nodes>>> {
@@ -367,20 +378,23 @@ impl Cluster for Objects {
         self.device_classes.clone().map(Lookup::Found)
     }
     fn kueue_local_queue(&self, namespace: &str, name: &str) -> Option<Lookup<Arc<Value>>> {
-        let k = self.kueue.as_ref()?;
+        let queues = self.local_queues.as_ref()?;
         Some(
-            k.local_queues
+            queues
                 .get(&(namespace.to_owned(), name.to_owned()))
                 .map_or(Lookup::Absent, |q| Lookup::Found(q.clone())),
         )
     }
     fn kueue_cluster_queue(&self, name: &str) -> Option<Lookup<Arc<Value>>> {
-        let k = self.kueue.as_ref()?;
+        let queues = self.cluster_queues.as_ref()?;
         Some(
-            k.cluster_queues
+            queues
                 .get(name)
                 .map_or(Lookup::Absent, |q| Lookup::Found(q.clone())),
         )
+    }
+    fn is_offline(&self) -> bool {
+        false
     }
     fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<Value>> {
         match self
@@ -388,86 +402,103 @@ impl Cluster for Objects {
             .get(&(namespace.to_owned(), name.to_owned()))
         {
             Some(r) => Lookup::Found(r.clone()),
-            None => self.miss(Kind::TrainingRuntime, namespace, name),
+            None => self.miss(ContextKind::TrainingRuntime, namespace, name),
         }
     }
     fn cluster_training_runtime(&self, name: &str) -> Lookup<Arc<Value>> {
         match self.cluster_training_runtimes.get(name) {
             Some(r) => Lookup::Found(r.clone()),
-            None => self.miss(Kind::ClusterTrainingRuntime, "", name),
+            None => self.miss(ContextKind::ClusterTrainingRuntime, "", name),
         }
     }
 }
 
-/// Kueue's queues, as a file holds them.
-#[derive(Debug, Clone, Default)]
-pub struct Kueue {
-    pub local_queues: BTreeMap<(String, String), Arc<Value>>,
-    pub cluster_queues: BTreeMap<String, Arc<Value>>,
-}
-
 /// A [`Cluster`] in front of another: what `first` knows (found or absent) it answers,
-/// and asks `then` for the rest: the objects fetched for one review, in front of the
-/// caches.
+/// and asks `then` for the rest: the objects fetched for one review in front of the
+/// caches, or the Trainer runtime being judged (in no cache yet at its creation) in front
+/// of the review's context. Every source is asked the same way, so a source `first` holds
+/// is never hidden behind one `then` holds.
 pub struct Layered<'a> {
     pub first: &'a Objects,
     pub then: &'a dyn Cluster,
 }
 
+/// `first`'s answer where it knows one, else `then`'s.
+fn known_or<T>(first: Lookup<T>, then: impl FnOnce() -> Lookup<T>) -> Lookup<T> {
+    match first {
+        Lookup::Unknown => then(),
+        known => known,
+    }
+}
+
+/// [`known_or`] for what a context may not hold at all (None): `first`'s answer where it
+/// knows one, else `then`'s, else `first`'s "not known yet".
+fn held_or<T>(
+    first: Option<Lookup<T>>,
+    then: impl FnOnce() -> Option<Lookup<T>>,
+) -> Option<Lookup<T>> {
+    match first {
+        Some(Lookup::Unknown) => then().or(Some(Lookup::Unknown)),
+        None => then(),
+        known => known,
+    }
+}
+
 impl Cluster for Layered<'_> {
     fn resource_claim(&self, namespace: &str, name: &str) -> Lookup<Arc<ResourceClaim>> {
-        match self.first.resource_claim(namespace, name) {
-            Lookup::Unknown => self.then.resource_claim(namespace, name),
-            known => known,
-        }
+        known_or(self.first.resource_claim(namespace, name), || {
+            self.then.resource_claim(namespace, name)
+        })
     }
     fn resource_claim_template(
         &self,
         namespace: &str,
         name: &str,
     ) -> Lookup<Arc<ResourceClaimTemplate>> {
-        match self.first.resource_claim_template(namespace, name) {
-            Lookup::Unknown => self.then.resource_claim_template(namespace, name),
-            known => known,
-        }
+        known_or(self.first.resource_claim_template(namespace, name), || {
+            self.then.resource_claim_template(namespace, name)
+        })
     }
     fn namespace(&self, name: &str) -> Lookup<Arc<Namespace>> {
-        match self.first.namespace(name) {
-            Lookup::Unknown => self.then.namespace(name),
-            known => known,
-        }
+        known_or(self.first.namespace(name), || self.then.namespace(name))
     }
+    fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<Value>> {
+        known_or(self.first.training_runtime(namespace, name), || {
+            self.then.training_runtime(namespace, name)
+        })
+    }
+    fn cluster_training_runtime(&self, name: &str) -> Lookup<Arc<Value>> {
+        known_or(self.first.cluster_training_runtime(name), || {
+            self.then.cluster_training_runtime(name)
+        })
+    }
+    /// A set of objects is never the absence of a context: `then` says whether there is one.
     fn is_offline(&self) -> bool {
         self.then.is_offline()
     }
     fn nodes(&self) -> Option<Lookup<Arc<Nodes>>> {
-        self.then.nodes()
+        held_or(self.first.nodes(), || self.then.nodes())
     }
     fn resource_quotas(&self, namespace: &str) -> Option<Lookup<Arc<[Arc<ResourceQuota>]>>> {
-        self.then.resource_quotas(namespace)
+        held_or(self.first.resource_quotas(namespace), || {
+            self.then.resource_quotas(namespace)
+        })
     }
     fn device_classes(&self) -> Option<Lookup<Arc<BTreeSet<String>>>> {
-        self.then.device_classes()
+        held_or(self.first.device_classes(), || self.then.device_classes())
     }
     fn kueue_local_queue(&self, namespace: &str, name: &str) -> Option<Lookup<Arc<Value>>> {
-        self.then.kueue_local_queue(namespace, name)
+        held_or(self.first.kueue_local_queue(namespace, name), || {
+            self.then.kueue_local_queue(namespace, name)
+        })
     }
     fn kueue_cluster_queue(&self, name: &str) -> Option<Lookup<Arc<Value>>> {
-        self.then.kueue_cluster_queue(name)
-    }
-    fn training_runtime(&self, namespace: &str, name: &str) -> Lookup<Arc<Value>> {
-        match self.first.training_runtime(namespace, name) {
-            Lookup::Unknown => self.then.training_runtime(namespace, name),
-            known => known,
-        }
-    }
-    fn cluster_training_runtime(&self, name: &str) -> Lookup<Arc<Value>> {
-        match self.first.cluster_training_runtime(name) {
-            Lookup::Unknown => self.then.cluster_training_runtime(name),
-            known => known,
-        }
+        held_or(self.first.kueue_cluster_queue(name), || {
+            self.then.kueue_cluster_queue(name)
+        })
     }
 }
+
 /// The `kueue.x-k8s.io` versions whose LocalQueues and ClusterQueues feasibility reads:
 /// the fields it reads (`spec.clusterQueue`, `spec.resourceGroups`) are the same in each,
 /// and the cohort is `spec.cohort` or `spec.cohortName` (v1beta2).

@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 use k8s_openapi::api::core::v1::{Container, Pod, PodResourceClaim, Toleration};
 use k8s_openapi::api::resource::v1::{DeviceRequest, ResourceClaimSpec};
 
-use crate::cluster::{Cluster, Kind, Lookup, ObjectKey};
+use crate::cluster::{Cluster, ContextKind, Lookup, ObjectKey};
 use crate::pod::{asked, containers};
 use crate::policy::{Driver, GpuClass, Policy};
 use crate::quantity;
@@ -55,7 +55,7 @@ static EXTENDED: GpuClass = GpuClass {
 
 /// What a container asks for a GPU through.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
+pub enum Via {
     /// An extended resource, by name.
     Resource(String),
     /// A request of one of the pod's claims.
@@ -70,7 +70,7 @@ pub enum Source {
 #[derive(Debug, Clone)]
 pub struct Use<'p> {
     pub class: Class<'p>,
-    pub source: Source,
+    pub source: Via,
     /// How many, in nano-units (a quantity of 2 is `2 * 10^9`); None when it cannot be
     /// read (the apiserver will judge it).
     pub count: Option<i128>,
@@ -200,8 +200,8 @@ impl<'p> Gpus<'p> {
             .iter()
             .flat_map(|c| &c.uses)
             .filter_map(|u| match &u.source {
-                Source::Resource(r) => Some((u.class, r.as_str())),
-                Source::Claim { .. } => None,
+                Via::Resource(r) => Some((u.class, r.as_str())),
+                Via::Claim { .. } => None,
             })
             .collect();
         resources.sort_by_key(|(c, r)| (c.name, *r));
@@ -261,12 +261,12 @@ impl<'p> Gpus<'p> {
             let found = cluster
                 .resource_claim(namespace, n)
                 .map(|c| requests(policy, &c.spec));
-            (Kind::ResourceClaim, n, found)
+            (ContextKind::ResourceClaim, n, found)
         } else if let Some(n) = &claim.resource_claim_template_name {
             let found = cluster
                 .resource_claim_template(namespace, n)
                 .map(|t| requests(policy, &t.spec.spec));
-            (Kind::ResourceClaimTemplate, n, found)
+            (ContextKind::ResourceClaimTemplate, n, found)
         } else {
             return None;
         };
@@ -389,7 +389,7 @@ fn claim_uses<'p>(
         if let Some(a) = chosen {
             uses.push(Use {
                 class: a.class.expect("found by its class"),
-                source: Source::Claim {
+                source: Via::Claim {
                     claim: claim.to_owned(),
                     request: r.name.clone(),
                     device_class: a.device_class.clone(),
@@ -421,7 +421,7 @@ fn resource_uses<'p>(policy: &'p Policy, c: &Container) -> Vec<Use<'p>> {
         };
         if out
             .iter()
-            .any(|u| matches!(&u.source, Source::Resource(n) if n == name))
+            .any(|u| matches!(&u.source, Via::Resource(n) if n == name))
         {
             continue;
         }
@@ -433,7 +433,7 @@ fn resource_uses<'p>(policy: &'p Policy, c: &Container) -> Vec<Use<'p>> {
         }
         out.push(Use {
             class,
-            source: Source::Resource(name.clone()),
+            source: Via::Resource(name.clone()),
             count,
         });
     }
@@ -442,7 +442,7 @@ fn resource_uses<'p>(policy: &'p Policy, c: &Container) -> Vec<Use<'p>> {
 
 /// The class an extended resource belongs to: the first class (by name) that covers it,
 /// else, with `allExtendedResources`, a class of its own.
-pub fn class_of_resource<'p>(policy: &'p Policy, name: &str) -> Option<Class<'p>> {
+pub(crate) fn class_of_resource<'p>(policy: &'p Policy, name: &str) -> Option<Class<'p>> {
     let gpu = &policy.gpu;
     gpu.classes
         .iter()
@@ -574,6 +574,6 @@ mod tests {
         // A context that may simply not have it yet: named for a fetch.
         let g = Gpus::of(&p, &claim_pod(None), "ml", &Objects::default());
         assert_eq!(g.unresolved.len(), 1);
-        assert_eq!(g.unresolved[0].kind, Kind::ResourceClaimTemplate);
+        assert_eq!(g.unresolved[0].kind, ContextKind::ResourceClaimTemplate);
     }
 }

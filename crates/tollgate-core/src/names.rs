@@ -1,13 +1,14 @@
 //! The Kubernetes name rules tollgate checks before the apiserver would: DNS labels and
 //! subdomains (RFC 1123), label and annotation keys (qualified names) and label values,
-//! as `k8s.io/apimachinery/pkg/util/validation` defines them.
+//! as `k8s.io/apimachinery/pkg/util/validation` defines them; and how a kind is named to a
+//! person, with its group where two kinds share a name (`kind_noun`).
 //!
 //! A leaf: the policy checks its names with these at load, so that a name the apiserver
 //! would refuse never reaches a pod. Each returns the message a policy error shows.
 
 /// A DNS subdomain (RFC 1123): dot-separated DNS labels, at most 253 characters. `what`
 /// names it in the message (`DeviceClass name`, `API group`).
-pub fn dns_subdomain(name: &str, what: &str) -> Result<(), String> {
+pub(crate) fn dns_subdomain(name: &str, what: &str) -> Result<(), String> {
     let ok = !name.is_empty() && name.len() <= 253 && name.split('.').all(|l| dns_label(l).is_ok());
     if ok {
         Ok(())
@@ -18,7 +19,7 @@ pub fn dns_subdomain(name: &str, what: &str) -> Result<(), String> {
 
 /// A DNS label (RFC 1123): lower-case letters, digits and '-', at most 63 characters,
 /// starting and ending with a letter or digit.
-pub fn dns_label(name: &str) -> Result<(), String> {
+pub(crate) fn dns_label(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 63
         && name
@@ -37,7 +38,7 @@ pub fn dns_label(name: &str) -> Result<(), String> {
 
 /// A label or annotation key: an optional DNS prefix and '/', then a name of at most 63
 /// characters, alphanumerics with `-`, `_`, `.` inside.
-pub fn qualified_name(key: &str) -> Result<(), String> {
+pub(crate) fn qualified_name(key: &str) -> Result<(), String> {
     let (prefix, name) = match key.rsplit_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
@@ -63,7 +64,7 @@ pub fn qualified_name(key: &str) -> Result<(), String> {
 }
 
 /// A label value: empty, or at most 63 characters, alphanumerics with `-`, `_`, `.` inside.
-pub fn label_value(v: &str) -> Result<(), String> {
+pub(crate) fn label_value(v: &str) -> Result<(), String> {
     let ok = v.is_empty()
         || (v.len() <= 63
             && v.bytes()
@@ -77,9 +78,45 @@ pub fn label_value(v: &str) -> Result<(), String> {
     }
 }
 
+/// The kinds Kubernetes itself serves whose names other projects give a kind of theirs
+/// (Volcano's `Job`): their groups.
+const BUILT_IN_KINDS: &[(&str, &str)] = &[
+    ("", "Pod"),
+    ("batch", "Job"),
+    ("batch", "CronJob"),
+    ("apps", "Deployment"),
+    ("apps", "StatefulSet"),
+    ("apps", "ReplicaSet"),
+    ("apps", "DaemonSet"),
+];
+
+/// A kind as messages name it, as kubectl names resources: in lower case (`pytorchjob`,
+/// `job` for batch's Job), with its group where a built-in kind has the same name
+/// (`job.batch.volcano.sh` for Volcano's), so that the two are never taken for each other
+/// nor counted together.
+pub fn kind_noun(group: &str, kind: &str) -> String {
+    let lower = kind.to_ascii_lowercase();
+    let shares_a_name = BUILT_IN_KINDS
+        .iter()
+        .any(|(g, k)| *k == kind && *g != group);
+    if shares_a_name && !group.is_empty() {
+        format!("{lower}.{group}")
+    } else {
+        lower
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kinds_that_share_a_name_are_told_apart() {
+        assert_eq!(kind_noun("batch", "Job"), "job");
+        assert_eq!(kind_noun("batch.volcano.sh", "Job"), "job.batch.volcano.sh");
+        assert_eq!(kind_noun("", "Pod"), "pod");
+        assert_eq!(kind_noun("kubeflow.org", "PyTorchJob"), "pytorchjob");
+    }
 
     #[test]
     fn names_as_the_apiserver_takes_them() {

@@ -22,22 +22,24 @@ use crate::requester::Requester;
 use crate::words::{quote, Template};
 
 /// Why an opt-out is refused, in the user's words (`export` writes the same in CEL).
-pub const NOT_IN_NAMESPACE: Template =
+pub(crate) const NOT_IN_NAMESPACE: Template =
     Template("opting out with {annotation} is not permitted in namespace {namespace}");
-pub const NOT_FOR_USER: Template =
+pub(crate) const NOT_FOR_USER: Template =
     Template("opting out with {annotation} is not permitted for {user} in namespace {namespace}");
 /// A controller's pod whose template tollgate did not approve.
-pub const NOT_APPROVED: Template = Template(
+pub(crate) const NOT_APPROVED: Template = Template(
     "opting out with {annotation} is not permitted for a pod that {controller} makes from a template tollgate did not approve (it carries no {approval})",
 );
 /// A controller asking for itself: its pods' opt-out is its workload's.
-pub const AT_THE_WORKLOAD: Template = Template(
+pub(crate) const AT_THE_WORKLOAD: Template = Template(
     "opting out with {annotation} is judged at the workload for pods that {controller} makes",
 );
 /// The audit annotation's value for an honoured opt-out.
-pub const AUDIT_NOTE: Template = Template("honoured for user {user} in namespace {namespace}");
+pub(crate) const AUDIT_NOTE: Template =
+    Template("honoured for user {user} in namespace {namespace}");
 /// What a controller's pod's audit annotation adds: whom the opt-out was approved for.
-pub const APPROVED_FOR: Template = Template("{note}, approved at the workload for user {by}");
+pub(crate) const APPROVED_FOR: Template =
+    Template("{note}, approved at the workload for user {by}");
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OptOut {
@@ -74,7 +76,7 @@ impl OptOut {
 }
 
 /// Why an opt-out is not known to be honoured, for a requester nobody knows.
-pub const UNVERIFIED: Template = Template(
+pub(crate) const UNVERIFIED: Template = Template(
     "{annotation} is honoured here only when {who} creates the pod, and who created this one is not known",
 );
 
@@ -84,7 +86,7 @@ pub fn decide(policy: &Policy, pod: &Pod, who: &Requester<'_>) -> OptOut {
 
 /// [`decide`] for a pod with these annotations (a pod's, or the template a pod is made
 /// from).
-pub fn decide_for(
+pub(crate) fn decide_for(
     policy: &Policy,
     annotations: Option<&BTreeMap<String, String>>,
     who: &Requester<'_>,
@@ -117,31 +119,24 @@ pub fn decide_for(
                 .map(|u| format!("user {}", u.as_str()))
                 .collect();
             may.extend(rule.groups.iter().map(|g| format!("group {}", g.as_str())));
-            OptOut::Unverified(
-                UNVERIFIED.fill(&[("annotation", &rule.annotation), ("who", &join_or(&may))]),
-            )
+            OptOut::Unverified(UNVERIFIED.fill(&[
+                ("annotation", &rule.annotation),
+                ("who", &crate::words::join_or(&may)),
+            ]))
         }
         Err(why) => OptOut::Refused(why),
     }
 }
 
-fn join_or(items: &[String]) -> String {
-    match items {
-        [] => String::new(),
-        [one] => one.clone(),
-        [init @ .., last] => format!("{} or {last}", init.join(", ")),
-    }
-}
-
 /// Whether `username` is one of the controllers whose objects come from a workload's
 /// template.
-pub fn is_controller(policy: &Policy, username: &str) -> bool {
+pub(crate) fn is_controller(policy: &Policy, username: &str) -> bool {
     glob::any(&policy.opt_out.controllers, username)
 }
 
 /// Who tollgate approved the opt-out of these annotations for, at the workload: the value
 /// of the approval annotation, when it has one.
-pub fn approval<'a>(
+pub(crate) fn approval<'a>(
     policy: &Policy,
     annotations: Option<&'a BTreeMap<String, String>>,
 ) -> Option<&'a str> {
@@ -152,7 +147,7 @@ pub fn approval<'a>(
 }
 
 /// The audit annotation's value for an honoured opt-out: who, and where.
-pub fn audit_note(who: &Requester<'_>) -> String {
+pub(crate) fn audit_note(who: &Requester<'_>) -> String {
     AUDIT_NOTE.fill(&[
         ("user", &quote(who.username)),
         ("namespace", &quote(who.namespace)),
@@ -161,7 +156,7 @@ pub fn audit_note(who: &Requester<'_>) -> String {
 
 /// [`audit_note`] for a pod with these annotations: a controller's pod also names whom
 /// the opt-out was approved for at the workload.
-pub fn audit_note_for(
+pub(crate) fn audit_note_for(
     policy: &Policy,
     annotations: Option<&BTreeMap<String, String>>,
     who: &Requester<'_>,
@@ -187,7 +182,7 @@ fn in_namespace(policy: &Policy, who: &Requester<'_>) -> Result<(), String> {
 /// Whether this requester may opt out in this namespace; if not, why, in the user's words.
 /// A controller never may on its own: only a template tollgate approved can (see
 /// [`decide_for`]).
-pub fn permitted(policy: &Policy, who: &Requester<'_>) -> Result<(), String> {
+pub(crate) fn permitted(policy: &Policy, who: &Requester<'_>) -> Result<(), String> {
     let rule = &policy.opt_out;
     in_namespace(policy, who)?;
     if is_controller(policy, who.username) {

@@ -29,37 +29,24 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-/// How much of the pod to read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
-    /// Everything but `metadata.managedFields` (and `oldObject`): what mutation needs to
-    /// compute a patch over the spec.
-    Full,
-    /// Of the metadata, the name, generateName, namespace and annotations; of the spec, the
-    /// containers' names, requests, limits and restart policies and the pod-level
-    /// resources (what validation and the opt-out read), and what feasibility reads: the
-    /// node selector, affinity, node name, tolerations, claims, overhead, priority class
-    /// and active deadline. Everything else stays at its default. The labels are kept as the JSON text they arrived as
-    /// ([`Parsed::labels`]): only a profile that selects pods reads them.
-    Validation,
-}
+use crate::stage::Stage;
 
 /// A request read by a shape, and what the shape left unparsed.
-pub struct Parsed<'a> {
+pub(crate) struct Parsed<'a> {
     pub request: AdmissionRequest<Pod>,
-    /// The pod's labels as sent, for [`Shape::Validation`] (the object has none then).
+    /// The pod's labels as sent, for [`Stage::Validate`] (the object has none then).
     pub labels: Option<&'a RawValue>,
-    /// Where the pod may run, as sent, for [`Shape::Validation`] (the spec has none of it
+    /// Where the pod may run, as sent, for [`Stage::Validate`] (the spec has none of it
     /// then).
     pub placement: Option<Placement<'a>>,
 }
 
-/// What [`Shape::Validation`] leaves as text of where a pod may run: its tolerations, node
+/// What [`Stage::Validate`] leaves as text of where a pod may run: its tolerations, node
 /// selector and affinity. Only feasibility reads them, and only when the cluster context
 /// knows nodes or quotas; nearly every pod carries the apiserver's two default
 /// tolerations, so reading them for nothing would be most of what the wider shape costs.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Placement<'a> {
+pub(crate) struct Placement<'a> {
     tolerations: Option<&'a RawValue>,
     node_selector: Option<&'a RawValue>,
     affinity: Option<&'a RawValue>,
@@ -68,7 +55,7 @@ pub struct Placement<'a> {
 impl Placement<'_> {
     /// Reads them into `spec`. A field that does not read stays absent: the apiserver
     /// decoded the pod into its own types before calling, so it never sends one.
-    pub fn fill(self, spec: &mut PodSpec) {
+    pub(crate) fn fill(self, spec: &mut PodSpec) {
         fn read<'a, T: Deserialize<'a>>(raw: Option<&'a RawValue>) -> Option<T> {
             serde_json::from_str(raw?.get()).ok()
         }
@@ -78,17 +65,28 @@ impl Placement<'_> {
     }
 }
 
-/// The request of an `admission.k8s.io/v1` AdmissionReview of a Pod, read in `shape`; None
-/// when the fast path cannot read it (the caller then takes the full parse).
-pub fn request(body: &[u8], shape: Shape) -> Option<AdmissionRequest<Pod>> {
-    read_shape(body, shape).map(|p| p.request)
+/// The request of an `admission.k8s.io/v1` AdmissionReview of a Pod, read for what the
+/// webhooks of `stage` use; None when the fast path cannot read it (the caller then takes
+/// the full parse).
+#[cfg(test)]
+pub(crate) fn request(body: &[u8], stage: Stage) -> Option<AdmissionRequest<Pod>> {
+    read_shape(body, stage).map(|p| p.request)
 }
 
-/// [`request`], with what the shape left unparsed.
-pub fn read_shape(body: &[u8], shape: Shape) -> Option<Parsed<'_>> {
-    match shape {
-        Shape::Full => read::<Meta, PodSpec, PodStatus>(body),
-        Shape::Validation => read::<ValidationMeta, ValidationSpec, Skipped>(body),
+/// [`request`], with what the shape left unparsed. Where the mutating webhook runs, the
+/// pod is read whole but for `metadata.managedFields` (and `oldObject`): what mutation
+/// needs to compute a patch over the spec. The validating webhook alone reads, of the
+/// metadata, the name, generateName, namespace and annotations; of the spec, the
+/// containers' names, requests, limits and restart policies and the pod-level resources
+/// (what validation and the opt-out read), and what feasibility reads: the node selector,
+/// affinity, node name, tolerations, claims, overhead, priority class and active deadline.
+/// Everything else stays at its default. The labels are kept as the JSON text they arrived
+/// as ([`Parsed::labels`]): only a profile that selects pods reads them.
+pub(crate) fn read_shape(body: &[u8], stage: Stage) -> Option<Parsed<'_>> {
+    if stage.mutates() {
+        read::<Meta, PodSpec, PodStatus>(body)
+    } else {
+        read::<ValidationMeta, ValidationSpec, Skipped>(body)
     }
 }
 
@@ -96,7 +94,9 @@ pub fn read_shape(body: &[u8], shape: Shape) -> Option<Parsed<'_>> {
 /// request without them, the object and the old object. None when the body is not a
 /// well-formed `admission.k8s.io/v1` review, or is one of a core Pod (pods take the paths
 /// above).
-pub fn workload(body: &[u8]) -> Option<(AdmissionRequest<DynamicObject>, Value, Option<Value>)> {
+pub(crate) fn workload(
+    body: &[u8],
+) -> Option<(AdmissionRequest<DynamicObject>, Value, Option<Value>)> {
     let review: Review<WorkloadRequest> = serde_json::from_slice(body).ok()?;
     if !is_admission_review_v1(&review.api_version, &review.kind) {
         return None;
@@ -133,7 +133,7 @@ pub fn workload(body: &[u8]) -> Option<(AdmissionRequest<DynamicObject>, Value, 
 
 /// What one look at a review's `request.kind` says it is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Peeked {
+pub(crate) enum Peeked {
     /// A core v1 Pod, or a body the look could not tell (the pod parse then says why).
     Pod,
     /// Any other kind: a workload, read by [`workload`].
@@ -143,7 +143,7 @@ pub enum Peeked {
 /// Reads `request.kind` and stops there: what decides which one parse reads the body.
 /// The apiserver writes `kind` right after `uid`, so the look costs a few dozen bytes;
 /// in any other order the fields before it are passed over, not built.
-pub fn peek(body: &[u8]) -> Peeked {
+pub(crate) fn peek(body: &[u8]) -> Peeked {
     use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, Visitor};
     use std::borrow::Cow;
     use std::fmt;
@@ -222,7 +222,7 @@ pub fn peek(body: &[u8]) -> Peeked {
 }
 
 /// The one envelope tollgate answers: an `admission.k8s.io/v1` AdmissionReview.
-pub fn is_admission_review_v1(api_version: &str, kind: &str) -> bool {
+pub(crate) fn is_admission_review_v1(api_version: &str, kind: &str) -> bool {
     api_version == "admission.k8s.io/v1" && kind == "AdmissionReview"
 }
 
@@ -608,7 +608,7 @@ mod tests {
                 continue;
             }
             workloads += 1;
-            for shape in [Shape::Full, Shape::Validation] {
+            for shape in [Stage::Mutate, Stage::Validate] {
                 assert!(request(&body, shape).is_none(), "{name}");
             }
             let (req, object, old) = workload(&body).unwrap_or_else(|| panic!("{name}"));
@@ -646,7 +646,7 @@ mod tests {
             }
             want.old_object = None;
             want.options = None;
-            let got = request(&body, Shape::Full).unwrap_or_else(|| panic!("{name}"));
+            let got = request(&body, Stage::Mutate).unwrap_or_else(|| panic!("{name}"));
             assert_eq!(
                 format!("{got:?}"),
                 format!("{want:?}"),
@@ -660,7 +660,7 @@ mod tests {
     fn validation_shape_keeps_what_validation_reads() {
         for (name, body) in fixtures() {
             let want = exact(&body);
-            let got = request(&body, Shape::Validation).unwrap_or_else(|| panic!("{name}"));
+            let got = request(&body, Stage::Validate).unwrap_or_else(|| panic!("{name}"));
             let (want, got) = (want.object.unwrap(), got.object.unwrap());
             assert_eq!(
                 got.metadata.annotations, want.metadata.annotations,
@@ -668,7 +668,7 @@ mod tests {
             );
             assert_eq!(got.metadata.name, want.metadata.name, "{name}");
             assert!(got.metadata.labels.is_none(), "{name}");
-            let raw = read_shape(&body, Shape::Validation).unwrap().labels;
+            let raw = read_shape(&body, Stage::Validate).unwrap().labels;
             let labels: Option<BTreeMap<String, String>> =
                 raw.map(|r| serde_json::from_str(r.get()).unwrap());
             assert_eq!(labels, want.metadata.labels, "{name}");
@@ -679,7 +679,7 @@ mod tests {
             assert!(
                 gs.tolerations.is_none() && gs.node_selector.is_none() && gs.affinity.is_none()
             );
-            let placement = read_shape(&body, Shape::Validation).unwrap().placement;
+            let placement = read_shape(&body, Stage::Validate).unwrap().placement;
             placement.unwrap().fill(&mut gs);
             assert_eq!(gs.tolerations, ws.tolerations, "{name}");
             assert_eq!(gs.node_selector, ws.node_selector, "{name}");
@@ -729,13 +729,13 @@ mod tests {
             let mut doc = v.clone();
             *doc.pointer_mut(path).unwrap() = value.clone();
             let body = serde_json::to_vec(&doc).unwrap();
-            for shape in [Shape::Full, Shape::Validation] {
+            for shape in [Stage::Mutate, Stage::Validate] {
                 assert!(request(&body, shape).is_none(), "{path} = {value}");
             }
         }
         // A duplicate key: kube's parse keeps the last one, the fast path refuses it.
         let dup = text.replacen("\"uid\":", "\"uid\":\"x\",\"uid\":", 1);
         assert_ne!(dup, text);
-        assert!(request(dup.as_bytes(), Shape::Full).is_none());
+        assert!(request(dup.as_bytes(), Stage::Mutate).is_none());
     }
 }

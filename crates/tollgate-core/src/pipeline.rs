@@ -11,27 +11,8 @@
 use serde_json::{json, Value};
 
 use crate::cluster::Cluster;
-use crate::judge::Stages;
 use crate::review::{review_stages, ReviewError, Reviewed};
-
-/// Which webhook(s) to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
-    /// Mutate, then validate the mutated pod after the apiserver's defaulting.
-    All,
-    Mutate,
-    Validate,
-}
-
-impl Stage {
-    fn stages(self) -> Stages {
-        match self {
-            Stage::All => Stages::Both,
-            Stage::Mutate => Stages::Mutate,
-            Stage::Validate => Stages::Validate,
-        }
-    }
-}
+use crate::stage::Stage;
 
 /// Why a review could not be run at all.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -85,7 +66,7 @@ pub fn run(
 ) -> Result<Judged, PipelineError> {
     // Writing a Value as JSON cannot fail.
     let bytes = serde_json::to_vec(review).unwrap_or_default();
-    let staged = review_stages(stage.stages(), policy, cluster, &bytes)?;
+    let staged = review_stages(stage, policy, cluster, &bytes)?;
     let mut judged = Judged {
         mutate: staged.mutate,
         mutated: None,

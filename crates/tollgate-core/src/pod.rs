@@ -9,7 +9,7 @@ use crate::quantity;
 
 /// Where a container sits in the pod spec; the words are those a user sees in messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ContainerKind {
+pub(crate) enum ContainerKind {
     Init,
     /// An init container with `restartPolicy: Always` (Kubernetes native sidecar).
     Sidecar,
@@ -17,10 +17,10 @@ pub enum ContainerKind {
 }
 
 /// The restartPolicy that makes an init container a native sidecar.
-pub const SIDECAR_RESTART_POLICY: &str = "Always";
+pub(crate) const SIDECAR_RESTART_POLICY: &str = "Always";
 
 impl ContainerKind {
-    pub fn of_init(c: &Container) -> Self {
+    pub(crate) fn of_init(c: &Container) -> Self {
         if c.restart_policy.as_deref() == Some(SIDECAR_RESTART_POLICY) {
             ContainerKind::Sidecar
         } else {
@@ -28,7 +28,7 @@ impl ContainerKind {
         }
     }
 
-    pub fn noun(self) -> &'static str {
+    pub(crate) fn noun(self) -> &'static str {
         match self {
             ContainerKind::Init => "init container",
             ContainerKind::Sidecar => "sidecar container",
@@ -39,7 +39,7 @@ impl ContainerKind {
 
 /// Init containers (in order) then regular containers; never ephemeral ones, which may not
 /// carry resources or mounts.
-pub fn containers(spec: &PodSpec) -> impl Iterator<Item = (ContainerKind, &Container)> {
+pub(crate) fn containers(spec: &PodSpec) -> impl Iterator<Item = (ContainerKind, &Container)> {
     spec.init_containers
         .iter()
         .flatten()
@@ -49,7 +49,7 @@ pub fn containers(spec: &PodSpec) -> impl Iterator<Item = (ContainerKind, &Conta
 
 /// Mutable twin of [`containers`], over the two lists rather than the whole spec, so that a
 /// step can hold other fields of the spec (volumes, pod-level resources) at the same time.
-pub fn containers_mut<'a>(
+pub(crate) fn containers_mut<'a>(
     init_containers: &'a mut Option<Vec<Container>>,
     containers: &'a mut [Container],
 ) -> impl Iterator<Item = (ContainerKind, &'a mut Container)> {
@@ -62,7 +62,7 @@ pub fn containers_mut<'a>(
 
 /// The quantity a container asks for: its request, or its limit (the apiserver copies a
 /// limit into a missing request).
-pub fn asked<'a>(c: &'a Container, resource: &str) -> Option<&'a Quantity> {
+pub(crate) fn asked<'a>(c: &'a Container, resource: &str) -> Option<&'a Quantity> {
     let r = c.resources.as_ref()?;
     r.requests
         .as_ref()
@@ -72,11 +72,11 @@ pub fn asked<'a>(c: &'a Container, resource: &str) -> Option<&'a Quantity> {
 
 /// What [`display_name`] puts after a generateName prefix, and what it says for a pod
 /// with neither (the export writes the same rule in CEL).
-pub const GENERATED_SUFFIX: &str = "*";
-pub const UNNAMED: &str = "(unnamed)";
+pub(crate) const GENERATED_SUFFIX: &str = "*";
+pub(crate) const UNNAMED: &str = "(unnamed)";
 
 /// A name a user recognises: the pod's name, or its generateName prefix for controller pods.
-pub fn display_name(pod: &Pod) -> String {
+pub(crate) fn display_name(pod: &Pod) -> String {
     match (&pod.metadata.name, &pod.metadata.generate_name) {
         (Some(n), _) if !n.is_empty() => n.clone(),
         (_, Some(g)) if !g.is_empty() => format!("{g}{GENERATED_SUFFIX}"),
@@ -85,16 +85,16 @@ pub fn display_name(pod: &Pod) -> String {
 }
 
 /// The value that turns an annotation on, read trimmed and in any ASCII case.
-pub const TRUE_VALUE: &str = "true";
+pub(crate) const TRUE_VALUE: &str = "true";
 
 /// Whether an annotation is present with the value "true".
-pub fn annotation_is_true(pod: &Pod, key: &str) -> bool {
+pub(crate) fn annotation_is_true(pod: &Pod, key: &str) -> bool {
     is_true(pod.metadata.annotations.as_ref(), key)
 }
 
 /// Whether `key` is in these annotations (a pod's or a pod template's) with the value
 /// "true".
-pub fn is_true(
+pub(crate) fn is_true(
     annotations: Option<&std::collections::BTreeMap<String, String>>,
     key: &str,
 ) -> bool {
@@ -105,7 +105,7 @@ pub fn is_true(
 
 /// [`default_requests_from_limits`] on a typed pod: what the judgement applies between
 /// mutation and validation, without a trip through JSON.
-pub fn default_requests(pod: &mut Pod) {
+pub(crate) fn default_requests(pod: &mut Pod) {
     let Some(spec) = pod.spec.as_mut() else {
         return;
     };
@@ -138,7 +138,7 @@ pub fn default_requests(pod: &mut Pod) {
 /// any container asks for it, else the limit. Checked against a 1.36 apiserver: limits of
 /// 4 cpu and 4Gi over containers requesting 1 and 500m cpu default to requests of 1500m
 /// cpu and 4Gi.
-pub fn default_pod_level_requests(spec: &mut PodSpec) {
+pub(crate) fn default_pod_level_requests(spec: &mut PodSpec) {
     let Some(wanted) = pod_level_defaults(spec) else {
         return;
     };
@@ -220,7 +220,7 @@ pub fn default_requests_from_limits(pod: &mut serde_json::Value) {
 
 /// [`default_pod_level_requests`] on a pod as JSON (the object of a review tollgate makes
 /// up for `tollgate review`: the apiserver has defaulted it before any webhook sees it).
-pub fn default_pod_level_requests_json(pod: &mut serde_json::Value) {
+pub(crate) fn default_pod_level_requests_json(pod: &mut serde_json::Value) {
     use serde_json::Value;
     if pod.pointer("/spec/resources/limits").is_none() {
         return;
@@ -259,14 +259,14 @@ fn copy_limits_to_requests(res: &mut serde_json::Map<String, serde_json::Value>)
 }
 
 /// Quantities by resource name, in nano-units.
-pub type Amounts = BTreeMap<String, i128>;
+pub(crate) type Amounts = BTreeMap<String, i128>;
 
 /// The containers' requests (or limits) together, as `resourcehelper`'s
 /// `AggregateContainerRequests` adds them up: regular containers and native sidecars
 /// summed, each init container on top of the sidecars before it, the larger of the two.
 /// No overhead and no pod-level resources: what the apiserver holds a pod's own
 /// `spec.resources` to.
-pub fn containers_aggregate(spec: &PodSpec, limits: bool) -> Amounts {
+pub(crate) fn containers_aggregate(spec: &PodSpec, limits: bool) -> Amounts {
     let of = |c: &Container| amounts(c.resources.as_ref().and_then(|r| pick(r, limits)));
     let mut total = Amounts::new();
     for c in &spec.containers {

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::value::RawValue;
 
-use crate::cluster::{Cluster, Kind, Lookup, ObjectKey};
+use crate::cluster::{Cluster, ContextKind, Lookup, ObjectKey};
 use crate::glob;
 use crate::policy::{Policy, Profile};
 
@@ -188,7 +188,7 @@ pub fn select<'p>(
                     ));
                     if !cluster.is_offline() {
                         out.unresolved = Some(ObjectKey {
-                            kind: Kind::Namespace,
+                            kind: ContextKind::Namespace,
                             namespace: String::new(),
                             name: namespace.to_owned(),
                         });
@@ -275,7 +275,7 @@ fn fits<'a>(
 
 /// Whether a Kubernetes label selector selects `labels`: every `matchLabels` pair and every
 /// requirement hold. An empty selector selects everything.
-pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+pub(crate) fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
     selects_labels(selector, labels)
 }
 
@@ -422,6 +422,6 @@ mod tests {
         );
         assert_eq!(s.profile, Some("by-name"));
         assert!(s.warning.unwrap().contains("\"sandbox-1\""));
-        assert_eq!(s.unresolved.unwrap().kind, Kind::Namespace);
+        assert_eq!(s.unresolved.unwrap().kind, ContextKind::Namespace);
     }
 }

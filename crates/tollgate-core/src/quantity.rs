@@ -121,19 +121,22 @@ fn scale_of(suffix: &str) -> Option<(i128, i32)> {
     })
 }
 
+/// The binary suffixes, largest first, with their power of two.
+const BINARY: [(&str, u32); 6] = [
+    ("Ei", 60),
+    ("Pi", 50),
+    ("Ti", 40),
+    ("Gi", 30),
+    ("Mi", 20),
+    ("Ki", 10),
+];
+
 /// Formats nano-units canonically: the largest binary suffix that is exact for byte-like
 /// amounts of at least 1Ki, else a plain number, else milli-, micro- or nano-units.
 pub fn format(nano: i128) -> String {
     if nano % NANO == 0 {
         let units = nano / NANO;
-        for (suffix, shift) in [
-            ("Ei", 60),
-            ("Pi", 50),
-            ("Ti", 40),
-            ("Gi", 30),
-            ("Mi", 20),
-            ("Ki", 10),
-        ] {
+        for (suffix, shift) in BINARY {
             let m = 1i128 << shift;
             if units != 0 && units % m == 0 {
                 return format!("{}{suffix}", units / m);
@@ -162,15 +165,64 @@ pub fn format_for(resource: &str, nano: i128) -> String {
     format(nano)
 }
 
+/// An amount as a person writes it in a message (never in an object, which takes the
+/// exact [`format_for`]): the exact quantity where it reads so (`64Mi`, `1Ti`, `500m`,
+/// `16`, `10G`), else in binary units as a sum of two (`1Ti + 64Mi`, not `1048640Mi`),
+/// else about so in the largest unit (`about 1.3Ti`).
+pub(crate) fn human(resource: &str, nano: i128) -> String {
+    let exact = format_for(resource, nano);
+    let digits = exact.chars().take_while(char::is_ascii_digit).count();
+    if digits <= 4 || resource == "cpu" || nano <= 0 || nano % NANO != 0 {
+        return exact;
+    }
+    let units = nano / NANO;
+    for (suffix, exp) in [
+        ("E", 18),
+        ("P", 15),
+        ("T", 12),
+        ("G", 9),
+        ("M", 6),
+        ("k", 3),
+    ] {
+        let m = 10i128.pow(exp);
+        if units % m == 0 && units / m < 10_000 {
+            return format!("{}{suffix}", units / m);
+        }
+    }
+    let mut terms = vec![];
+    let mut rest = units;
+    for (suffix, shift) in BINARY {
+        let m = 1i128 << shift;
+        if rest >= m {
+            terms.push(format!("{}{suffix}", rest / m));
+            rest %= m;
+        }
+    }
+    if rest > 0 {
+        terms.push(rest.to_string());
+    }
+    if terms.len() <= 2 {
+        return terms.join(" + ");
+    }
+    let (suffix, shift) = BINARY
+        .into_iter()
+        .find(|(_, shift)| units >= 1i128 << shift)
+        .unwrap_or(("", 0));
+    // Precision is not the point here: the exact amount is in the object.
+    #[allow(clippy::cast_precision_loss)]
+    let value = units as f64 / (1i128 << shift) as f64;
+    format!("about {value:.1}{suffix}")
+}
+
 /// The prefix of the extended resource name Kubernetes gives a DeviceClass without an
 /// `extendedResourceName` (KEP-5004): a pod asking for
 /// `deviceclass.resource.kubernetes.io/gpu.nvidia.com: 1` gets one device of that class.
-pub const IMPLICIT_DRA_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
+pub(crate) const IMPLICIT_DRA_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
 
 /// An extended resource: a fully-qualified name outside the kubernetes.io domains, or the
 /// implicit name of a DeviceClass. Extended resources cannot be overcommitted: request must
 /// equal limit.
-pub fn is_extended_resource(name: &str) -> bool {
+pub(crate) fn is_extended_resource(name: &str) -> bool {
     if name
         .strip_prefix(IMPLICIT_DRA_PREFIX)
         .is_some_and(|class| !class.is_empty())
@@ -329,6 +381,18 @@ mod tests {
         assert_eq!(format(parse("1500m").unwrap()), "1500m");
         assert_eq!(format_for("cpu", parse("8").unwrap() * 8), "64");
         assert_eq!(format_for("cpu", parse("250m").unwrap() * 2), "500m");
+        // In words, as a person writes them.
+        let sum = parse("1Ti").unwrap() + parse("64Mi").unwrap();
+        assert_eq!(format(sum), "1048640Mi");
+        assert_eq!(human("memory", sum), "1Ti + 64Mi");
+        assert_eq!(human("memory", parse("64Mi").unwrap()), "64Mi");
+        assert_eq!(human("memory", parse("10G").unwrap()), "10G");
+        assert_eq!(
+            human("memory", parse("1Ti").unwrap() + parse("1537Mi").unwrap()),
+            "about 1.0Ti"
+        );
+        assert_eq!(human("cpu", parse("12500m").unwrap()), "12500m");
+        assert_eq!(human("nvidia.com/gpu", parse("16").unwrap()), "16");
         assert_eq!(format(parse("1000").unwrap()), "1000");
         assert_eq!(format(0), "0");
     }

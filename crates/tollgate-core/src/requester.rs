@@ -16,7 +16,7 @@ pub struct Requester<'a> {
 }
 
 /// The group the apiserver adds to every authenticated user.
-pub const AUTHENTICATED: &str = "system:authenticated";
+pub(crate) const AUTHENTICATED: &str = "system:authenticated";
 
 impl<'a> Requester<'a> {
     /// A requester a review names.

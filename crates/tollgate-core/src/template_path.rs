@@ -14,7 +14,7 @@ use serde_json::Value;
 
 /// A parsed template path.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Path {
+pub(crate) struct Path {
     segments: Vec<Segment>,
 }
 
@@ -29,7 +29,7 @@ enum Segment {
 
 /// A template the path found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Found<'v> {
+pub(crate) struct Found<'v> {
     /// Where it is, as a JSON pointer (`/spec/pytorchReplicaSpecs/Worker/template`).
     pub pointer: String,
     /// The names the fan-outs on the way gave it, outermost first (`["Worker"]`).
@@ -38,7 +38,7 @@ pub struct Found<'v> {
 }
 
 impl Path {
-    pub fn parse(text: &str) -> Result<Path, String> {
+    pub(crate) fn parse(text: &str) -> Result<Path, String> {
         if text.is_empty() {
             return Err("an empty path".into());
         }
@@ -67,7 +67,7 @@ impl Path {
 
     /// Every value at this path in `root`, in document order. A missing key, or a value of
     /// the wrong shape on the way (a map where a list was expected), finds nothing there.
-    pub fn find<'v>(&self, root: &'v Value) -> Vec<Found<'v>> {
+    pub(crate) fn find<'v>(&self, root: &'v Value) -> Vec<Found<'v>> {
         let mut out = vec![];
         walk(
             &self.segments,

@@ -30,25 +30,25 @@
 
 use serde_json::{Map, Value};
 
-use crate::cluster::{Cluster, Kind, Lookup, ObjectKey};
+use crate::cluster::{Cluster, ContextKind, Lookup, ObjectKey};
 use crate::policy::{ResourcesPerNode, TrainingRuntimeSource};
 
 /// The API group of TrainJobs and their runtimes.
 pub const GROUP: &str = "trainer.kubeflow.org";
 /// The label on a replicated job's Job template naming its step.
-pub const ANCESTOR: &str = "trainer.kubeflow.org/trainjob-ancestor-step";
+pub(crate) const ANCESTOR: &str = "trainer.kubeflow.org/trainjob-ancestor-step";
 /// The step the trainer fields change.
-pub const TRAINER: &str = "trainer";
+pub(crate) const TRAINER: &str = "trainer";
 /// The trainer's container, and the MPI runtimes' node step.
-pub const NODE: &str = "node";
+pub(crate) const NODE: &str = "node";
 const COSCHEDULING_LABEL: &str = "scheduling.x-k8s.io/pod-group";
 const VOLCANO_ANNOTATION: &str = "scheduling.k8s.io/group-name";
 
 /// The runtime a TrainJob names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuntimeRef {
-    /// [`Kind::TrainingRuntime`] or [`Kind::ClusterTrainingRuntime`].
-    pub kind: Kind,
+pub(crate) struct RuntimeRef {
+    /// [`ContextKind::TrainingRuntime`] or [`ContextKind::ClusterTrainingRuntime`].
+    pub kind: ContextKind,
     /// The TrainJob's, for a TrainingRuntime; empty for a ClusterTrainingRuntime.
     pub namespace: String,
     pub name: String,
@@ -58,7 +58,7 @@ impl RuntimeRef {
     /// `spec.runtimeRef` of `trainjob` in `namespace`: the kind defaults to
     /// ClusterTrainingRuntime and the group to trainer.kubeflow.org, as the CRD's defaults.
     /// An error says what else it names.
-    pub fn of(trainjob: &Value, namespace: &str) -> Result<RuntimeRef, String> {
+    pub(crate) fn of(trainjob: &Value, namespace: &str) -> Result<RuntimeRef, String> {
         let r = trainjob.pointer("/spec/runtimeRef");
         let field = |k: &str| r.and_then(|r| r.get(k)).and_then(Value::as_str);
         let group = field("apiGroup").unwrap_or(GROUP);
@@ -68,8 +68,8 @@ impl RuntimeRef {
             return Err("its spec.runtimeRef names no runtime".into());
         }
         let kind = match (group, kind) {
-            (GROUP, "TrainingRuntime") => Kind::TrainingRuntime,
-            (GROUP, "ClusterTrainingRuntime") => Kind::ClusterTrainingRuntime,
+            (GROUP, "TrainingRuntime") => ContextKind::TrainingRuntime,
+            (GROUP, "ClusterTrainingRuntime") => ContextKind::ClusterTrainingRuntime,
             _ => {
                 return Err(format!(
                     "its spec.runtimeRef names a {kind} ({group}) {name:?}, not a TrainingRuntime or ClusterTrainingRuntime of {GROUP}"
@@ -77,7 +77,7 @@ impl RuntimeRef {
             }
         };
         let namespace = match kind {
-            Kind::TrainingRuntime => namespace.to_owned(),
+            ContextKind::TrainingRuntime => namespace.to_owned(),
             _ => String::new(),
         };
         Ok(RuntimeRef {
@@ -88,7 +88,7 @@ impl RuntimeRef {
     }
 
     /// The key the shell fetches it by.
-    pub fn key(&self) -> ObjectKey {
+    pub(crate) fn key(&self) -> ObjectKey {
         ObjectKey {
             kind: self.kind,
             namespace: self.namespace.clone(),
@@ -97,13 +97,13 @@ impl RuntimeRef {
     }
 
     /// `ClusterTrainingRuntime "torch-distributed"`, as messages name it.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!("{} {:?}", self.kind.as_str(), self.name)
     }
 
     fn lookup(&self, cluster: &dyn Cluster) -> Lookup<std::sync::Arc<Value>> {
         match self.kind {
-            Kind::TrainingRuntime => cluster.training_runtime(&self.namespace, &self.name),
+            ContextKind::TrainingRuntime => cluster.training_runtime(&self.namespace, &self.name),
             _ => cluster.cluster_training_runtime(&self.name),
         }
     }
@@ -111,7 +111,7 @@ impl RuntimeRef {
 
 /// Why a TrainJob's pod templates could not be built, and what to fetch.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Missing {
+pub(crate) struct Unbuilt {
     /// What the warning says after the TrainJob's name.
     pub why: String,
     /// The runtime the cluster context did not know: the shell fetches it and reviews again.
@@ -120,21 +120,21 @@ pub struct Missing {
 
 /// The runtime `trainjob` names, as the controller changes it for `trainjob`: the object
 /// the policy's template paths are read in. `name` is the TrainJob's (the JobSet's).
-pub fn build(
+pub(crate) fn build(
     source: &TrainingRuntimeSource,
     trainjob: &Value,
     name: &str,
     namespace: &str,
     cluster: &dyn Cluster,
-) -> Result<Value, Missing> {
-    let runtime_ref = RuntimeRef::of(trainjob, namespace).map_err(|why| Missing {
+) -> Result<Value, Unbuilt> {
+    let runtime_ref = RuntimeRef::of(trainjob, namespace).map_err(|why| Unbuilt {
         why,
         unresolved: None,
     })?;
     let runtime = match runtime_ref.lookup(cluster) {
         Lookup::Found(r) => r,
         Lookup::Absent => {
-            return Err(Missing {
+            return Err(Unbuilt {
                 why: format!("its runtime {} was not found", runtime_ref.describe()),
                 unresolved: None,
             })
@@ -151,7 +151,7 @@ pub fn build(
                     runtime_ref.describe()
                 )
             };
-            return Err(Missing {
+            return Err(Unbuilt {
                 why,
                 unresolved: Some(runtime_ref.key()),
             });
@@ -160,8 +160,9 @@ pub fn build(
     Ok(apply(source, trainjob, name, &runtime))
 }
 
-/// [`build`] once the runtime is known.
-pub fn apply(
+/// [`build`] once the runtime is known: its JobSet template with the TrainJob's overrides
+/// and patches merged in, then each replicated job as the plugins change it ([`Plan`]).
+pub(crate) fn apply(
     source: &TrainingRuntimeSource,
     trainjob: &Value,
     name: &str,
@@ -172,7 +173,17 @@ pub fn apply(
         _ => Value::Object(Map::new()),
     };
     let job = trainjob.get("spec");
-    // Trainer v2.1: the pod template overrides of their target jobs.
+    apply_overrides(&mut spec, job);
+    apply_patches(&mut spec, job);
+    let plan = Plan::of(runtime, job);
+    for rjob in replicated_jobs(&mut spec) {
+        plan.apply(source, name, rjob);
+    }
+    runtime_with(runtime, spec)
+}
+
+/// Trainer v2.1: the pod template overrides of their target jobs, in order.
+fn apply_overrides(spec: &mut Value, job: Option<&Value>) {
     for o in list(job, "podTemplateOverrides") {
         let mut patch = Map::new();
         if let Some(Value::Object(m)) = o.get("metadata") {
@@ -192,38 +203,80 @@ pub fn apply(
             .iter()
             .filter_map(|t| t.get("name")?.as_str())
             .collect();
-        for rjob in replicated_jobs(&mut spec) {
+        for rjob in replicated_jobs(spec) {
             let named = rjob.get("name").and_then(Value::as_str);
             if named.is_some_and(|n| targets.contains(&n)) {
                 merge(pod_template(rjob), &patch, "");
             }
         }
     }
-    // Trainer v2.2 on: the runtime patches, in order.
+}
+
+/// Trainer v2.2 on: the runtime patches, in order.
+fn apply_patches(spec: &mut Value, job: Option<&Value>) {
     for p in list(job, "runtimePatches") {
         if let Some(patch) = p
             .pointer("/trainingRuntimeSpec/template/spec")
             .filter(|s| s.is_object())
         {
-            merge(&mut spec, patch, "");
+            merge(spec, patch, "");
         }
     }
-    let trainer = job.and_then(|j| j.get("trainer"));
-    let ml = runtime.pointer("/spec/mlPolicy");
-    let mpi = ml.and_then(|m| m.get("mpi")).filter(|m| m.is_object());
-    let launcher_as_node = mpi
-        .and_then(|m| m.get("runLauncherAsNode"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let nodes = trainer
-        .and_then(|t| t.get("numNodes"))
-        .or_else(|| ml.and_then(|m| m.get("numNodes")))
-        .and_then(Value::as_i64)
-        .unwrap_or(1);
-    let group = runtime.pointer("/spec/podGroupPolicy");
-    let coscheduling = group.and_then(|g| g.get("coscheduling")).is_some();
-    let volcano = group.and_then(|g| g.get("volcano")).is_some();
-    for rjob in replicated_jobs(&mut spec) {
+}
+
+/// What the runtime's plugins decide for one TrainJob, before any replicated job is
+/// changed: the trainer fields, the node count, MPI's launcher, the gang scheduler.
+struct Plan<'a> {
+    /// The TrainJob's `spec.trainer`.
+    trainer: Option<&'a Value>,
+    /// The runtime's `mlPolicy.mpi`: its `node` step makes the nodes.
+    mpi: bool,
+    /// MPI's `runLauncherAsNode`: the launcher is one of the nodes, and the `node` step
+    /// gets the trainer's env and resources too.
+    launcher_as_node: bool,
+    /// The TrainJob's `trainer.numNodes`, else the runtime's `mlPolicy.numNodes`, else 1.
+    nodes: i64,
+    coscheduling: bool,
+    volcano: bool,
+}
+
+impl<'a> Plan<'a> {
+    fn of(runtime: &'a Value, job: Option<&'a Value>) -> Plan<'a> {
+        let trainer = job.and_then(|j| j.get("trainer"));
+        let ml = runtime.pointer("/spec/mlPolicy");
+        let mpi = ml.and_then(|m| m.get("mpi")).filter(|m| m.is_object());
+        let group = runtime.pointer("/spec/podGroupPolicy");
+        Plan {
+            trainer,
+            mpi: mpi.is_some(),
+            launcher_as_node: mpi
+                .and_then(|m| m.get("runLauncherAsNode"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            nodes: trainer
+                .and_then(|t| t.get("numNodes"))
+                .or_else(|| ml.and_then(|m| m.get("numNodes")))
+                .and_then(Value::as_i64)
+                .unwrap_or(1),
+            coscheduling: group.and_then(|g| g.get("coscheduling")).is_some(),
+            volcano: group.and_then(|g| g.get("volcano")).is_some(),
+        }
+    }
+
+    /// How many pods a replicated job runs (its Job's parallelism and completions), where
+    /// the plan sets it: MPI's `node` step (less the launcher where it is one of the
+    /// nodes), or the trainer step.
+    fn count(&self, trainer_step: bool, node_step: bool) -> Option<i64> {
+        match (self.mpi, node_step) {
+            (true, true) if self.launcher_as_node => Some((self.nodes - 1).max(1)),
+            (true, true) => Some(self.nodes),
+            (true, false) => None,
+            (false, _) => trainer_step.then_some(self.nodes),
+        }
+    }
+
+    /// Replicated job `rjob` of TrainJob `name` as the plugins change it.
+    fn apply(&self, source: &TrainingRuntimeSource, name: &str, rjob: &mut Value) {
         let step = rjob
             .pointer(&format!(
                 "/template/metadata/labels/{}",
@@ -232,13 +285,7 @@ pub fn apply(
             .and_then(Value::as_str)
             == Some(TRAINER);
         let is_node = rjob.get("name").and_then(Value::as_str) == Some(NODE);
-        let count = match (mpi.is_some(), is_node) {
-            (true, true) if launcher_as_node => Some((nodes - 1).max(1)),
-            (true, true) => Some(nodes),
-            (true, false) => None,
-            (false, _) => step.then_some(nodes),
-        };
-        if let (Some(n), Some(r)) = (count, rjob.as_object_mut()) {
+        if let (Some(n), Some(r)) = (self.count(step, is_node), rjob.as_object_mut()) {
             if let Some(Value::Object(t)) = r.get_mut("template") {
                 if let Value::Object(js) =
                     t.entry("spec").or_insert_with(|| Value::Object(Map::new()))
@@ -255,20 +302,23 @@ pub fn apply(
         }
         // A step without a pod template makes no pod tollgate could judge.
         if rjob.pointer("/template/spec/template").is_none() {
-            continue;
+            return;
         }
         let template = pod_template(rjob);
-        if coscheduling {
+        if self.coscheduling {
             set_string(template, "labels", COSCHEDULING_LABEL, name);
         }
-        if volcano {
+        if self.volcano {
             set_string(template, "annotations", VOLCANO_ANNOTATION, name);
         }
-        let Some(trainer) = trainer.filter(|_| step || (launcher_as_node && is_node)) else {
-            continue;
+        let Some(trainer) = self
+            .trainer
+            .filter(|_| step || (self.launcher_as_node && is_node))
+        else {
+            return;
         };
         let Some(node) = node_container(template) else {
-            continue;
+            return;
         };
         if step {
             for k in ["image", "command", "args"] {
@@ -294,6 +344,11 @@ pub fn apply(
             }
         }
     }
+}
+
+/// The runtime as the policy's template paths read it: its apiVersion, kind, name and
+/// namespace, and `spec` as its JobSet template's spec.
+fn runtime_with(runtime: &Value, spec: Value) -> Value {
     let mut meta = Map::new();
     for k in ["name", "namespace"] {
         if let Some(v) = runtime.pointer(&format!("/metadata/{k}")) {
@@ -574,7 +629,7 @@ mod tests {
         assert_eq!(
             m.unresolved,
             Some(ObjectKey {
-                kind: Kind::ClusterTrainingRuntime,
+                kind: ContextKind::ClusterTrainingRuntime,
                 namespace: String::new(),
                 name: "torch-distributed".into()
             })

@@ -18,69 +18,70 @@ use crate::words::{join_words, quote, Template};
 // CEL, so that a ValidatingAdmissionPolicy says exactly what the webhook says.
 
 /// The denial's first line.
-pub const HEADLINE: Template =
+pub(crate) const HEADLINE: Template =
     Template("pod {pod} must request {required} for every container, and some do not:");
 /// One line per container that lacks requests.
-pub const CONTAINER_LINE: Template =
+pub(crate) const CONTAINER_LINE: Template =
     Template("  - {noun} {container} has no request for {resources}");
 /// The fix-it lines after the containers, before the example amounts.
-pub const FIX_LINES: [&str; 3] = [
+pub(crate) const FIX_LINES: [&str; 3] = [
     "Fix: add requests sized for your workload to each container listed, for example:",
     "    resources:",
     "      requests:",
 ];
 /// One example amount, for each required resource that is missing somewhere.
-pub const EXAMPLE_LINE: Template = Template("        {resource}: {amount}");
+pub(crate) const EXAMPLE_LINE: Template = Template("        {resource}: {amount}");
 /// The last line when the pod asked to opt out and may not.
-pub const REFUSED_LINE: Template =
+pub(crate) const REFUSED_LINE: Template =
     Template("This pod asks to opt out, but {why}; ask your platform team.");
 /// The last line when the pod did not ask and could.
-pub const OFFER_LINE: Template =
+pub(crate) const OFFER_LINE: Template =
     Template("Or, to skip this check for this pod, add the annotation {annotation}: \"true\".");
 /// Warn mode: one warning per container, then [`WARN_FIX`].
-pub const WARN_CONTAINER: Template = Template(
+pub(crate) const WARN_CONTAINER: Template = Template(
     "tollgate: {noun} {container} has no {resources} request; such pods will be refused once enforcement starts",
 );
 /// Between the resources of one container in a warning.
-pub const WARN_OR: &str = " or ";
-pub const WARN_FIX: Template =
+pub(crate) const WARN_OR: &str = " or ";
+pub(crate) const WARN_FIX: Template =
     Template("tollgate: add resources.requests ({required}) to each container listed");
 /// Between the required resources in [`WARN_FIX`].
-pub const WARN_FIX_SEPARATOR: &str = ", ";
+pub(crate) const WARN_FIX_SEPARATOR: &str = ", ";
 /// The audit annotation of an honoured opt-out, and of missing requests in warn and audit mode.
-pub const OPT_OUT_AUDIT_KEY: &str = "opt-out";
-pub const MISSING_AUDIT_KEY: &str = "missing-requests";
+pub(crate) const OPT_OUT_AUDIT_KEY: &str = "opt-out";
+pub(crate) const MISSING_AUDIT_KEY: &str = "missing-requests";
 /// One container in the missing-requests audit annotation.
-pub const SUMMARY_ENTRY: Template = Template("{noun} {container}: {resources}");
+pub(crate) const SUMMARY_ENTRY: Template = Template("{noun} {container}: {resources}");
 /// Between the resources of one container, and between containers, in that annotation.
-pub const SUMMARY_RESOURCE_SEPARATOR: &str = ",";
-pub const SUMMARY_SEPARATOR: &str = "; ";
+pub(crate) const SUMMARY_RESOURCE_SEPARATOR: &str = ",";
+pub(crate) const SUMMARY_SEPARATOR: &str = "; ";
 /// The warning of an honoured opt-out.
-pub const OPTED_OUT_WARNING: Template = Template(
+pub(crate) const OPTED_OUT_WARNING: Template = Template(
     "tollgate: pod {pod} opted out ({annotation}); its resource requests were not checked",
 );
 /// After a denial, for each claim of the pod tollgate could not read: why the pod did not
 /// get what a GPU pod gets (its requests may be missing for that reason alone).
-pub const UNREAD_CLAIM_LINE: Template = Template(
+pub(crate) const UNREAD_CLAIM_LINE: Template = Template(
     "tollgate could not read the {claim}, so it did not treat this pod as a GPU pod: it got no GPU toleration, driver or default limits. Apply the claim's ResourceClaim or ResourceClaimTemplate (resource.k8s.io v1, v1beta2 or v1beta1) in the pod's namespace first.",
 );
 /// Feasibility's words: the first line of a refusal, one line per finding, and the warning
-/// of what was not known (a finding's own is `feasible::Finding::warning`).
-pub const INFEASIBLE_HEADLINE: Template = Template("{subject} can never run in this cluster:");
-pub const INFEASIBLE_LINE: Template = Template("  - {finding}");
-pub const UNKNOWN_WARNING: Template = Template(
+/// of what was not known (a finding's own is `feasible::Obstacle::warning`).
+pub(crate) const INFEASIBLE_HEADLINE: Template =
+    Template("{subject} can never run in this cluster:");
+pub(crate) const INFEASIBLE_LINE: Template = Template("  - {finding}");
+pub(crate) const UNKNOWN_WARNING: Template = Template(
     "tollgate: whether {subject} can run was not checked against {what}: tollgate does not know them yet",
 );
 /// A workload's denial: the first line, a container line led by its template, the
 /// opt-out lines (for the pod template rather than for this pod).
-pub const WORKLOAD_HEADLINE: Template = Template(
+pub(crate) const WORKLOAD_HEADLINE: Template = Template(
     "{workload} must request {required} for every container of its pods, and some do not:",
 );
-pub const TEMPLATE_CONTAINER_LINE: Template =
+pub(crate) const TEMPLATE_CONTAINER_LINE: Template =
     Template("  - {template}: {noun} {container} has no request for {resources}");
-pub const TEMPLATE_REFUSED_LINE: Template =
+pub(crate) const TEMPLATE_REFUSED_LINE: Template =
     Template("The pod template{of} asks to opt out, but {why}; ask your platform team.");
-pub const TEMPLATE_OFFER_LINE: Template = Template(
+pub(crate) const TEMPLATE_OFFER_LINE: Template = Template(
     "Or, to skip this check for these pods, add the annotation {annotation}: \"true\" to the pod template's metadata.annotations.",
 );
 
@@ -198,14 +199,14 @@ pub fn validate(policy: &Policy, pod: &Pod, operation: Operation, who: &Requeste
 }
 
 /// Whether validation judges this operation at all.
-pub fn judges(policy: &Policy, operation: Operation) -> bool {
+pub(crate) fn judges(policy: &Policy, operation: Operation) -> bool {
     let rule = &policy.validation;
     rule.enabled && rule.operations.contains(&operation)
 }
 
 /// Validation of a pod with its opt-out already decided: by [`validate`], or by a
 /// workload for the pods its template will make (whose requester is not the workload's).
-pub fn judge(policy: &Policy, pod: &Pod, who: &Requester<'_>, opt_out: OptOut) -> Decision {
+pub(crate) fn judge(policy: &Policy, pod: &Pod, who: &Requester<'_>, opt_out: OptOut) -> Decision {
     let rule = &policy.validation;
     let name = display_name(pod);
     if opt_out == OptOut::Honoured {
@@ -279,7 +280,7 @@ pub fn judge(policy: &Policy, pod: &Pod, who: &Requester<'_>, opt_out: OptOut) -
 }
 
 /// The missing-requests audit annotation's value: `container a: cpu,memory; ...`.
-pub fn summary(missing: &[Missing]) -> String {
+pub(crate) fn summary(missing: &[Missing]) -> String {
     missing
         .iter()
         .map(|m| {
@@ -295,7 +296,7 @@ pub fn summary(missing: &[Missing]) -> String {
 
 /// One part of a denial: the containers of a pod, or of one pod template of a workload.
 #[derive(Debug, Clone, Copy)]
-pub struct Part<'a> {
+pub(crate) struct Part<'a> {
     /// How the message names the template (`replica Worker`); None for a pod, or for a
     /// workload's only template.
     pub template: Option<&'a str>,
@@ -306,7 +307,7 @@ pub struct Part<'a> {
 /// The text kubectl prints after "denied the request: ", for a data scientist to act on.
 /// For a pod, `name` is its quoted name and `workload` None; for a workload (`job
 /// "train"`) the parts are its templates.
-pub fn denial_message(
+pub(crate) fn denial_message(
     policy: &Policy,
     name: &str,
     workload: Option<&str>,
@@ -394,7 +395,7 @@ pub fn denial_message(
 }
 
 /// The amount the fix-it lines suggest for a resource.
-pub fn example_amount(resource: &str) -> &'static str {
+pub(crate) fn example_amount(resource: &str) -> &'static str {
     match resource {
         "cpu" => "\"1\"",
         "memory" => "2Gi",

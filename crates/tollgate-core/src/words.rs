@@ -6,18 +6,18 @@
 
 /// A message with holes written `{name}`. Holes have no escape: no message needs a brace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Template(pub &'static str);
+pub(crate) struct Template(pub &'static str);
 
 /// A part of a template: literal text, or the name of a hole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Piece {
+pub(crate) enum Piece {
     Text(&'static str),
     Hole(&'static str),
 }
 
 impl Template {
     /// The template's parts in order; empty texts are left out.
-    pub fn pieces(self) -> Vec<Piece> {
+    pub(crate) fn pieces(self) -> Vec<Piece> {
         let mut out = vec![];
         let mut rest = self.0;
         while let Some(open) = rest.find('{') {
@@ -38,7 +38,7 @@ impl Template {
 
     /// The template with each hole replaced by its value. A hole without a value stays
     /// as written, which the tests of each message would show at once.
-    pub fn fill(self, values: &[(&str, &str)]) -> String {
+    pub(crate) fn fill(self, values: &[(&str, &str)]) -> String {
         let mut out = String::with_capacity(self.0.len() + 32);
         self.fill_into(&mut out, values);
         out
@@ -47,7 +47,7 @@ impl Template {
     /// [`Template::fill`], appended to `out`. One pass over the text, no allocation of its
     /// own: a denial message is a dozen of these on the review path (measured: the
     /// `pieces` list per fill cost a denied pod's review 9k instructions of 78k).
-    pub fn fill_into(self, out: &mut String, values: &[(&str, &str)]) {
+    pub(crate) fn fill_into(self, out: &mut String, values: &[(&str, &str)]) {
         let mut rest = self.0;
         while let Some(open) = rest.find('{') {
             let Some(len) = rest[open..].find('}') else {
@@ -69,17 +69,17 @@ impl Template {
     }
 
     /// The template without the spaces that indent it as a line of a multi-line message.
-    pub fn unindented(self) -> Template {
+    pub(crate) fn unindented(self) -> Template {
         Template(self.0.trim_start_matches(' '))
     }
 }
 
 /// "a, b and c": the separator between all but the last two items, and before the last.
-pub const COMMA: &str = ", ";
-pub const AND: &str = " and ";
+pub(crate) const COMMA: &str = ", ";
+pub(crate) const AND: &str = " and ";
 
 /// Items as a person lists them: "cpu", "cpu and memory", "cpu, memory and nvidia.com/gpu".
-pub fn join_words(items: &[String]) -> String {
+pub(crate) fn join_words(items: &[String]) -> String {
     match items {
         [] => String::new(),
         [one] => one.clone(),
@@ -87,9 +87,18 @@ pub fn join_words(items: &[String]) -> String {
     }
 }
 
+/// Alternatives as a person lists them: "alice", "alice or bob", "alice, bob or carol".
+pub(crate) fn join_or(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} or {last}", init.join(COMMA)),
+    }
+}
+
 /// A name in double quotes, escaped as Rust's `{:?}` does (which is what every message of
 /// the webhook has always written).
-pub fn quote(text: &str) -> String {
+pub(crate) fn quote(text: &str) -> String {
     // Printable ASCII but the quote and the backslash is written as it is by `{:?}`: nearly
     // every pod, container, user and namespace name, quoted here without `Debug`'s per-char
     // escaping (an opted-out pod's audit note cost 2.8k instructions with it).

@@ -30,7 +30,7 @@ pub use literal::{glob_to_re2, lit};
 use scope::{scopes, Scope};
 use yaml::Node;
 
-use crate::policy::{Mode, Operation, Policy, Validation};
+use crate::policy::{Mode, Operation, Policy, Step, Validation};
 
 /// The policy's and the binding's name: the validating webhook's, so that the audit
 /// annotations are keyed `validate.tollgate.dev/opt-out` and
@@ -161,18 +161,24 @@ fn namespace_profiles(policy: &Policy) -> (Vec<String>, Vec<String>) {
     (differ, alike)
 }
 
+/// Whether the export carries what mutation step `step` does. None can be: a
+/// ValidatingAdmissionPolicy cannot mutate, so each stays with the mutating webhook and is
+/// named in the notes. (A MutatingAdmissionPolicy export would answer here, step by step.)
+fn exported(step: Step) -> bool {
+    match step {
+        Step::Tolerations | Step::DriverMounts | Step::MetricsSidecar | Step::DefaultResources => {
+            false
+        }
+    }
+}
+
 fn notes(policy: &Policy) -> Vec<Note> {
     let mut notes = vec![];
-    let m = &policy.mutation;
-    let steps: Vec<&str> = [
-        (m.gpu_tolerations.enabled, "gpuTolerations"),
-        (m.driver_mounts.enabled, "driverMounts"),
-        (m.metrics_sidecar.enabled, "metricsSidecar"),
-        (m.default_resources.enabled, "defaultResources"),
-    ]
-    .into_iter()
-    .filter_map(|(on, name)| on.then_some(name))
-    .collect();
+    let steps: Vec<&str> = Step::ALL
+        .into_iter()
+        .filter(|s| policy.mutation.enabled(*s) && !exported(*s))
+        .map(Step::field)
+        .collect();
     if !steps.is_empty() {
         notes.push(Note {
             kind: NoteKind::StaysWithWebhook,

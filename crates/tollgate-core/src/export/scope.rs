@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::literal::{any_glob, lit};
 use super::NAME;
-use crate::policy::{OptOut, Policy, ProfileMatch, Validation};
+use crate::policy::{OptOutRules, Policy, ProfileMatch, Validation};
 
 /// One ValidatingAdmissionPolicy and its binding: the base policy, or one profile. Each
 /// profile has its own, with a guard selecting its pods as the webhook does (the first
@@ -16,7 +16,7 @@ use crate::policy::{OptOut, Policy, ProfileMatch, Validation};
 pub(super) struct Scope<'a> {
     pub(super) name: String,
     pub(super) validation: &'a Validation,
-    pub(super) opt_out: &'a OptOut,
+    pub(super) opt_out: &'a OptOutRules,
     /// A CEL condition on the request: pods it is false for are not this scope's.
     pub(super) guard: Option<String>,
 }

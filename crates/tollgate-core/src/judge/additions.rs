@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::{Stages, Subject};
+use super::{Stage, Subject};
 use crate::cluster::Objects;
 use crate::policy::{Operation, Policy, PolicyError, BUILTIN_SOURCE, BUILTIN_TEXT};
 use crate::requester::Requester;
@@ -119,7 +119,7 @@ fn check_additions(policy: &Policy, source: &str, at: &str) -> Result<(), Policy
         &subject,
         &Objects::complete(),
         &mut probe,
-        Stages::Both,
+        Stage::All,
         false,
     );
     let Some(d) = &j.validation else {

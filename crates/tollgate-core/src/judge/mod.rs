@@ -13,47 +13,26 @@
 //! Pure and synchronous, like the rest of the engine: what the cluster holds comes in
 //! through [`Cluster`], already in memory.
 
-pub mod additions;
+pub(crate) mod additions;
 
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::cluster::{Cluster, ObjectKey};
-use crate::feasible::{self, Feasibility};
+use crate::feasible::{self, Outlook};
 use crate::gpu::Gpus;
-use crate::mutate::{self, Outcome};
+use crate::mutate::{self, Report};
 use crate::optout::{self, OptOut};
 use crate::parse::Placement;
 use crate::policy::{FeasibilityMode, Mode, Operation, Policy};
 use crate::requester::Requester;
+use crate::stage::Stage;
 use crate::validate::{self, Decision, Verdict};
 use crate::words::quote;
 use crate::{diff, pod};
 
-/// Which webhooks judge the pod.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stages {
-    /// The mutating webhook alone (`/mutate`).
-    Mutate,
-    /// The validating webhook alone, on the pod as sent (`/validate`: the apiserver has
-    /// mutated and defaulted it already).
-    Validate,
-    /// Both, with the apiserver's defaulting between them.
-    Both,
-}
-
-impl Stages {
-    fn mutates(self) -> bool {
-        matches!(self, Stages::Mutate | Stages::Both)
-    }
-
-    fn validates(self) -> bool {
-        matches!(self, Stages::Validate | Stages::Both)
-    }
-}
-
 /// What is judged besides the pod: the policy in force for it, who asks, and how.
 #[derive(Debug, Clone)]
-pub struct Subject<'a, 'p> {
+pub(crate) struct Subject<'a, 'p> {
     /// The policy for this pod: its profile's, or the base.
     pub policy: &'p Policy,
     /// The profile that chose `policy` (None: the base).
@@ -77,10 +56,10 @@ pub struct Subject<'a, 'p> {
 
 /// What the mutating webhook made of the pod.
 #[derive(Debug, Clone, Default)]
-pub struct Mutation {
+pub(crate) struct MutationPass {
     /// The steps that changed the pod and what each added (nothing for a pod that is not
     /// a training pod, or whose opt-out was honoured).
-    pub outcome: Outcome,
+    pub report: Report,
     /// The JSON patch, as text, when one was asked for and the pod changed.
     pub patch: Option<Vec<u8>>,
     /// For the user, in order: the pod's GPUs (a claim not found, ...), then the steps.
@@ -91,14 +70,14 @@ pub struct Mutation {
 
 /// Everything one pod's judgement found.
 #[derive(Debug, Clone)]
-pub struct Judgement {
+pub(crate) struct Judgement {
     /// The profile applied (None: the base policy).
     pub profile: Option<String>,
     /// The opt-out as decided (None: neither webhook asked).
     pub opt_out: Option<OptOut>,
     /// None when the mutating webhook did not run (not asked, or an operation the policy
     /// does not mutate).
-    pub mutation: Option<Mutation>,
+    pub mutation: Option<MutationPass>,
     /// None when the validating webhook did not run.
     pub validation: Option<Decision>,
     /// Objects the cluster context did not know (a claim created a moment ago): the shell
@@ -109,24 +88,17 @@ pub struct Judgement {
     pub unread_claims: Vec<String>,
     /// Whether the pod can ever run here, as the context knows it (None: not judged:
     /// `feasibility.mode: off`, an honoured opt-out, or no validation).
-    pub feasibility: Option<Feasibility>,
-}
-
-impl Judgement {
-    /// Whether the validating webhook refused the pod.
-    pub fn refused(&self) -> bool {
-        self.validation.as_ref().is_some_and(|d| !d.allowed)
-    }
+    pub feasibility: Option<Outlook>,
 }
 
 /// Judges `pod` through `stages`: mutated in place (and, with both stages, defaulted as the
 /// apiserver would before validation). `patch`: whether to compute the JSON patch (the
 /// mutating webhook's answer; the other routes read what each step added).
-pub fn pod(
+pub(crate) fn pod(
     s: &Subject<'_, '_>,
     cluster: &dyn Cluster,
     pod: &mut Pod,
-    stages: Stages,
+    stages: Stage,
     patch: bool,
 ) -> Judgement {
     let policy = s.policy;
@@ -151,7 +123,7 @@ pub fn pod(
         j.opt_out = Some(opt_out);
     }
     if stages.validates() {
-        if stages == Stages::Both {
+        if stages == Stage::All {
             // The apiserver's defaulting between the two webhooks: a limit without a
             // request becomes the request.
             pod::default_requests(pod);
@@ -200,7 +172,7 @@ pub fn pod(
 /// What feasibility found of a pod, in its decision: under `enforce` a pod that can never
 /// run is refused (its lines after any other reason), under `warn` it is told; a quota in
 /// use now, and what tollgate did not know, are warnings either way.
-fn decide_feasibility(policy: &Policy, pod: &Pod, f: &Feasibility, d: &mut Decision) {
+fn decide_feasibility(policy: &Policy, pod: &Pod, f: &Outlook, d: &mut Decision) {
     // Nearly every pod: nothing to say, and no name to format for it.
     if f.findings.is_empty() && f.unknown.is_empty() {
         return;
@@ -273,9 +245,9 @@ fn mutation(
     opt_out: &OptOut,
     patch: bool,
     j: &mut Judgement,
-) -> Mutation {
+) -> MutationPass {
     let policy = s.policy;
-    let mut m = Mutation::default();
+    let mut m = MutationPass::default();
     if *opt_out == OptOut::Honoured {
         m.opted_out = Some(optout::audit_note_for(
             policy,
@@ -292,8 +264,8 @@ fn mutation(
         return m;
     }
     let before = patch.then(|| diff::Snapshot::of(pod));
-    m.outcome = mutate::mutate(policy, pod, &gpus, s.profile);
-    m.warnings.append(&mut m.outcome.warnings);
+    m.report = mutate::mutate(policy, pod, &gpus, s.profile);
+    m.warnings.append(&mut m.report.warnings);
     let Some(before) = before else {
         return m;
     };
@@ -305,7 +277,7 @@ fn mutation(
             m.warnings.push(format!(
                 "tollgate: could not compute its changes ({e}); the pod was allowed unchanged"
             ));
-            m.outcome = Outcome::default();
+            m.report = Report::default();
         }
     }
     m

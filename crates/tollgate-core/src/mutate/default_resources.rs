@@ -26,11 +26,12 @@ use crate::quantity;
 const NANO: i128 = 1_000_000_000;
 
 /// [`apply`] with the pod's GPUs read from the pod alone.
-pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
+#[cfg(test)]
+pub(crate) fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
     super::alone(apply, policy, pod, warnings)
 }
 
-pub fn apply(
+pub(crate) fn apply(
     policy: &Policy,
     gpus: &Gpus<'_>,
     pod: &mut Pod,

@@ -18,14 +18,15 @@ use crate::gpu::{Class, Gpus};
 use crate::policy::{Driver, EnvEntry, HostMount, IfPresent, Policy};
 
 /// [`apply`] with the pod's GPUs read from the pod alone.
-pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
+#[cfg(test)]
+pub(crate) fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
     super::alone(apply, policy, pod, warnings)
 }
 
 /// Mounts the driver of each `hostPath` class into the containers that use a GPU of it.
 /// Classes whose driver the runtime injects (`runtime`: device plugins with CDI, DRA
 /// drivers) get nothing: a redundant hostPath only makes Pod Security refuse the pod.
-pub fn apply(
+pub(crate) fn apply(
     _: &Policy,
     gpus: &Gpus<'_>,
     pod: &mut Pod,

@@ -18,11 +18,12 @@ use crate::quantity;
 use crate::words::join_words;
 
 /// [`apply`], keeping only the warnings (the step's own tests).
-pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
+#[cfg(test)]
+pub(crate) fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
     apply(policy, pod, &mut Vec::new(), warnings)
 }
 
-pub fn apply(
+pub(crate) fn apply(
     policy: &Policy,
     pod: &mut Pod,
     added: &mut Vec<Added>,

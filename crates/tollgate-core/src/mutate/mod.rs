@@ -6,53 +6,22 @@
 //! and the empty second patch work. The report is the one account of a mutation: the
 //! webhook's warnings, `tollgate review` and the audit's findings are all drawn from it.
 
-pub mod default_resources;
-pub mod driver_mounts;
-pub mod metrics_sidecar;
-pub mod tolerations;
+pub(crate) mod default_resources;
+pub(crate) mod driver_mounts;
+pub(crate) mod metrics_sidecar;
+pub(crate) mod tolerations;
 
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 use serde_json::{json, Value};
 
-use crate::cluster::Offline;
 use crate::gpu::Gpus;
 use crate::pod::annotation_is_true;
 use crate::policy::Policy;
-
-/// One mutation step, named as in the applied annotation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Step {
-    Tolerations,
-    DriverMounts,
-    MetricsSidecar,
-    DefaultResources,
-}
-
-impl Step {
-    pub const ALL: [Step; 4] = [
-        Step::Tolerations,
-        Step::DriverMounts,
-        Step::MetricsSidecar,
-        Step::DefaultResources,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Step::Tolerations => "tolerations",
-            Step::DriverMounts => "driver-mounts",
-            Step::MetricsSidecar => "metrics-sidecar",
-            Step::DefaultResources => "default-resources",
-        }
-    }
-
-    fn from_str(s: &str) -> Option<Step> {
-        Step::ALL.into_iter().find(|x| x.as_str() == s)
-    }
-}
+pub(crate) use crate::policy::Step;
 
 /// What mutation did to a pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Outcome {
+pub struct Report {
     /// Steps that changed the pod in this pass, in order.
     pub applied: Vec<Step>,
     /// What each step added, in the order it added it.
@@ -61,7 +30,7 @@ pub struct Outcome {
     pub warnings: Vec<String>,
 }
 
-impl Outcome {
+impl Report {
     /// What `step` added.
     pub fn added_by(&self, step: Step) -> impl Iterator<Item = &Added> {
         self.added
@@ -194,35 +163,25 @@ pub fn is_training_pod(policy: &Policy, pod: &Pod, gpus: &Gpus<'_>) -> bool {
 ///
 /// `profile` is the policy profile that chose `policy` (None: the base), recorded in the
 /// applied annotation with the steps.
-pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>, profile: Option<&str>) -> Outcome {
+pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>, profile: Option<&str>) -> Report {
     let m = &policy.mutation;
-    let mut out = Outcome::default();
-    // The sidecar goes in before defaults so that it is covered by them like any container.
-    let steps: [(Step, bool, StepFn); 4] = [
-        (
-            Step::Tolerations,
-            m.gpu_tolerations.enabled,
-            tolerations::apply,
-        ),
-        (
-            Step::DriverMounts,
-            m.driver_mounts.enabled,
-            driver_mounts::apply,
-        ),
-        (
-            Step::MetricsSidecar,
-            m.metrics_sidecar.enabled,
-            |policy, _, pod, added, warnings| metrics_sidecar::apply(policy, pod, added, warnings),
-        ),
-        (
-            Step::DefaultResources,
-            m.default_resources.enabled,
-            default_resources::apply,
-        ),
-    ];
+    let mut out = Report::default();
     let mut added = Vec::new();
-    for (step, enabled, apply) in steps {
-        if enabled && apply(policy, gpus, pod, &mut added, &mut out.warnings) {
+    // In the steps' order: the sidecar goes in before defaults so that it is covered by
+    // them like any container.
+    for step in Step::ALL {
+        if !m.enabled(step) {
+            continue;
+        }
+        let apply: StepFn = match step {
+            Step::Tolerations => tolerations::apply,
+            Step::DriverMounts => driver_mounts::apply,
+            Step::MetricsSidecar => |policy, _, pod, added, warnings| {
+                metrics_sidecar::apply(policy, pod, added, warnings)
+            },
+            Step::DefaultResources => default_resources::apply,
+        };
+        if apply(policy, gpus, pod, &mut added, &mut out.warnings) {
             out.applied.push(step);
         }
         out.added.extend(added.drain(..).map(|a| (step, a)));
@@ -238,13 +197,14 @@ type StepFn = fn(&Policy, &Gpus<'_>, &mut Pod, &mut Vec<Added>, &mut Vec<String>
 
 /// A step on its own: it reads the pod's GPUs itself, without a cluster context, and
 /// keeps only its warnings (the steps' own tests).
+#[cfg(test)]
 pub(crate) fn alone(
     apply: StepFn,
     policy: &Policy,
     pod: &mut Pod,
     warnings: &mut Vec<String>,
 ) -> bool {
-    let gpus = Gpus::of(policy, pod, "", &Offline);
+    let gpus = Gpus::of(policy, pod, "", &crate::cluster::Offline);
     apply(policy, &gpus, pod, &mut Vec::new(), warnings)
 }
 
@@ -266,7 +226,7 @@ impl Applied {
         if let Some(profile) = s.strip_prefix("profile=") {
             return (!profile.is_empty()).then(|| Applied::Profile(profile.to_owned()));
         }
-        Step::from_str(s).map(Applied::Step)
+        Step::from_name(s).map(Applied::Step)
     }
 
     fn write(&self, out: &mut String) {
@@ -345,19 +305,23 @@ pub(crate) mod testing {
     use crate::policy::Policy;
 
     /// A step as its own tests call it: `ensure(policy, pod, warnings)`.
-    pub type EnsureFn = fn(&Policy, &mut Pod, &mut Vec<String>) -> bool;
+    pub(crate) type EnsureFn = fn(&Policy, &mut Pod, &mut Vec<String>) -> bool;
 
-    pub fn pod(v: Value) -> Pod {
+    pub(crate) fn pod(v: Value) -> Pod {
         serde_json::from_value(v).unwrap()
     }
 
-    pub fn to_json(p: &Pod) -> Value {
+    pub(crate) fn to_json(p: &Pod) -> Value {
         serde_json::to_value(p).unwrap()
     }
 
     /// Runs `step`, then again on its output, asserting the second pass changes nothing.
     /// Returns whether the first pass changed the pod, its warnings and the second's.
-    pub fn twice(step: EnsureFn, policy: &Policy, p: &mut Pod) -> (bool, Vec<String>, Vec<String>) {
+    pub(crate) fn twice(
+        step: EnsureFn,
+        policy: &Policy,
+        p: &mut Pod,
+    ) -> (bool, Vec<String>, Vec<String>) {
         let mut warnings = vec![];
         let changed = step(policy, p, &mut warnings);
         let after = to_json(p);

@@ -16,11 +16,12 @@ use crate::gpu::Gpus;
 use crate::policy::Policy;
 
 /// [`apply`] with the pod's GPUs read from the pod alone.
-pub fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
+#[cfg(test)]
+pub(crate) fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
     super::alone(apply, policy, pod, warnings)
 }
 
-pub fn apply(
+pub(crate) fn apply(
     _: &Policy,
     gpus: &Gpus<'_>,
     pod: &mut Pod,

@@ -13,12 +13,12 @@
 //! writes a section's value back as the cluster has it changes nothing and crosses nothing.
 
 use crate::glob::Glob;
-use crate::policy::{FeasibilityMode, Mode, Operation, Policy, Section};
+use crate::policy::{FeasibilityMode, MetricsSidecar, Mode, Operation, Policy, Section, Step};
 
 /// A bound a TollgateProfile crosses: the field (a path in the policy, as the file writes
 /// it) and what the bound is, for the user.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Crossed {
+pub(crate) struct Crossed {
     pub section: Section,
     pub field: String,
     pub bound: String,
@@ -26,7 +26,7 @@ pub struct Crossed {
 
 /// The first bound `mine` (the profile's whole policy) crosses against `over` (what the
 /// cluster gives the namespace's pods), outside the sections `may_loosen` lists.
-pub fn check(over: &Policy, mine: &Policy, may_loosen: &[Section]) -> Result<(), Crossed> {
+pub(crate) fn check(over: &Policy, mine: &Policy, may_loosen: &[Section]) -> Result<(), Crossed> {
     for section in Section::ALL {
         if may_loosen.contains(&section) {
             continue;
@@ -268,65 +268,64 @@ fn mutation(over: &Policy, mine: &Policy) -> Found {
     ) {
         return f;
     }
-    if let f @ Some(_) = kept_on(
-        "mutation.gpuTolerations.enabled",
-        o.gpu_tolerations.enabled,
-        m.gpu_tolerations.enabled,
-        "the GPU tolerations step",
-    ) {
-        return f;
-    }
-    if let f @ Some(_) = kept_on(
-        "mutation.driverMounts.enabled",
-        o.driver_mounts.enabled,
-        m.driver_mounts.enabled,
-        "the driver mounts step",
-    ) {
-        return f;
-    }
-    if let f @ Some(_) = unchanged(
-        "mutation.driverMounts.volumePrefix",
-        &o.driver_mounts.volume_prefix,
-        &m.driver_mounts.volume_prefix,
-        "the driver volumes' prefix",
-    ) {
-        return f;
-    }
-    let (os, ms) = (&o.metrics_sidecar, &m.metrics_sidecar);
-    if let f @ Some(_) = kept_on(
-        "mutation.metricsSidecar.enabled",
-        os.enabled,
-        ms.enabled,
-        "the metrics sidecar",
-    ) {
-        return f;
-    }
-    if os.enabled {
-        for (field, same) in [
-            ("mutation.metricsSidecar.mode", os.mode == ms.mode),
-            (
-                "mutation.metricsSidecar.container",
-                os.container == ms.container,
+    // Each step, in their order: it may be turned on, never off; what it injects is the
+    // cluster's where it says so.
+    for step in Step::ALL {
+        let what = match step {
+            Step::Tolerations => "the GPU tolerations step",
+            Step::DriverMounts => "the driver mounts step",
+            Step::MetricsSidecar => "the metrics sidecar",
+            Step::DefaultResources => "the default resources step",
+        };
+        let field = format!("mutation.{}.enabled", step.field());
+        if let f @ Some(_) = kept_on(&field, o.enabled(step), m.enabled(step), what) {
+            return f;
+        }
+        let found = match step {
+            // The tolerations are the GPU classes' (the `gpu` section's bounds).
+            Step::Tolerations => None,
+            Step::DriverMounts => unchanged(
+                "mutation.driverMounts.volumePrefix",
+                &o.driver_mounts.volume_prefix,
+                &m.driver_mounts.volume_prefix,
+                "the driver volumes' prefix",
             ),
-            (
-                "mutation.metricsSidecar.annotations",
-                os.annotations == ms.annotations,
-            ),
-        ] {
-            if !same {
-                return crossed(
-                    field,
-                    "the metrics sidecar the cluster injects is the cluster's to set and may not be changed here",
-                );
-            }
+            Step::MetricsSidecar => sidecar(&o.metrics_sidecar, &m.metrics_sidecar),
+            // More defaults, or larger, are the namespace's to set.
+            Step::DefaultResources => None,
+        };
+        if found.is_some() {
+            return found;
         }
     }
-    kept_on(
-        "mutation.defaultResources.enabled",
-        o.default_resources.enabled,
-        m.default_resources.enabled,
-        "the default resources step",
-    )
+    None
+}
+
+/// The metrics sidecar the cluster injects is the cluster's: where it is on, a namespace
+/// may not change how or what is injected.
+fn sidecar(o: &MetricsSidecar, m: &MetricsSidecar) -> Found {
+    if !o.enabled {
+        return None;
+    }
+    for (field, same) in [
+        ("mutation.metricsSidecar.mode", o.mode == m.mode),
+        (
+            "mutation.metricsSidecar.container",
+            o.container == m.container,
+        ),
+        (
+            "mutation.metricsSidecar.annotations",
+            o.annotations == m.annotations,
+        ),
+    ] {
+        if !same {
+            return crossed(
+                field,
+                "the metrics sidecar the cluster injects is the cluster's to set and may not be changed here",
+            );
+        }
+    }
+    None
 }
 
 fn validation(over: &Policy, mine: &Policy) -> Found {
@@ -344,8 +343,8 @@ fn validation(over: &Policy, mine: &Policy) -> Found {
             "validation.mode",
             format!(
                 "{} is looser than the cluster's {}: a namespace may only move validation.mode towards enforce (audit, warn, enforce)",
-                mode_name(m.mode),
-                mode_name(o.mode)
+                m.mode.as_str(),
+                o.mode.as_str()
             ),
         );
     }
@@ -365,14 +364,6 @@ fn validation(over: &Policy, mine: &Policy) -> Found {
         operation_name,
         "judged operations",
     )
-}
-
-fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Enforce => "enforce",
-        Mode::Warn => "warn",
-        Mode::Audit => "audit",
-    }
 }
 
 fn workloads(over: &Policy, mine: &Policy) -> Found {
@@ -406,19 +397,14 @@ fn feasibility(over: &Policy, mine: &Policy) -> Found {
         FeasibilityMode::Warn => 1,
         FeasibilityMode::Enforce => 2,
     };
-    let name = |mode: FeasibilityMode| match mode {
-        FeasibilityMode::Off => "off",
-        FeasibilityMode::Warn => "warn",
-        FeasibilityMode::Enforce => "enforce",
-    };
     let (o, m) = (over.feasibility.mode, mine.feasibility.mode);
     if rank(m) < rank(o) {
         return crossed(
             "feasibility.mode",
             format!(
                 "{} is looser than the cluster's {}: a namespace may only move feasibility.mode towards enforce (off, warn, enforce)",
-                name(m),
-                name(o)
+                m.as_str(),
+                o.as_str()
             ),
         );
     }

@@ -44,7 +44,7 @@ const QUANTITY: &str = "io.k8s.apimachinery.pkg.api.resource.Quantity";
 const FORMATS: [&str; 5] = ["int32", "int64", "float", "double", "date-time"];
 
 /// The CRD of the cluster's TollgatePolicy: its spec is a whole policy file.
-pub fn policy_crd() -> Value {
+pub(crate) fn policy_crd() -> Value {
     let (spec, status) = schemas(Schema::Policy);
     crd(
         POLICY_KIND,
@@ -63,7 +63,7 @@ pub fn policy_crd() -> Value {
 }
 
 /// The CRD of a namespace's TollgateProfile: its spec is a profile's sections.
-pub fn profile_crd() -> Value {
+pub(crate) fn profile_crd() -> Value {
     let (spec, status) = schemas(Schema::Profile);
     crd(
         PROFILE_KIND,
@@ -170,15 +170,26 @@ fn crd(
                             "type": "string",
                             "description": "The REST resource this object represents.",
                         },
-                        "metadata": {"type": "object"},
+                        // name declared, so that the name rule below can point at it.
+                        "metadata": {
+                            "type": "object",
+                            "properties": {"name": {
+                                "type": "string",
+                                "description": format!("The object's name: {NAME}, the only one allowed."),
+                            }},
+                        },
                         "spec": spec,
                         "status": status,
                     },
                     // The apiserver allows a root rule to read metadata.name (and only it
                     // and generateName of metadata): the one name is refused there, with
                     // tollgate down too.
+                    // fieldPath: the refusal names the field (`metadata.name: Invalid value`),
+                    // where a root rule alone is reported at `<nil>`.
                     "x-kubernetes-validations": [{
                         "rule": format!("self.metadata.name == '{NAME}'"),
+                        "fieldPath": ".metadata.name",
+                        "reason": "FieldValueInvalid",
                         "message": format!(
                             "only the name '{NAME}' is allowed: {only_default}"
                         ),

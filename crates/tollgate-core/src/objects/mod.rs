@@ -15,9 +15,9 @@
 //! shell has refused that already. The webhook's review of the objects ([`review`]) is the
 //! same composition, refusing what the status would report.
 
-pub mod bounds;
-pub mod crd;
-pub mod explain;
+pub(crate) mod bounds;
+pub(crate) mod crd;
+pub(crate) mod explain;
 
 use std::collections::BTreeMap;
 
@@ -66,17 +66,10 @@ impl Stored {
 
     /// An object read from the cluster (or a file): its metadata and spec, as JSON.
     pub fn from_object(object: &Value) -> Stored {
-        let meta = |k: &str| {
-            object
-                .get("metadata")
-                .and_then(|m| m.get(k))
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
-        };
+        let (namespace, name) = crate::cluster::namespace_and_name(object);
         Stored {
-            namespace: meta("namespace"),
-            name: meta("name"),
+            namespace,
+            name,
             generation: object
                 .get("metadata")
                 .and_then(|m| m.get("generation"))
@@ -91,7 +84,7 @@ impl Stored {
 
 /// An object as kubectl names it, by where it is: `TollgatePolicy default` (cluster-scoped,
 /// no namespace), `TollgateProfile ns/default`.
-pub fn source(namespace: &str, name: &str) -> String {
+pub(crate) fn source(namespace: &str, name: &str) -> String {
     if namespace.is_empty() {
         format!("{POLICY_KIND} {name}")
     } else {
@@ -246,7 +239,7 @@ fn first_good<T>(
 
 /// Why an object does not load.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refused {
+pub(crate) struct Refused {
     pub reason: &'static str,
     /// One line, naming the object and the field.
     pub message: String,
@@ -405,14 +398,14 @@ fn out_of_bounds(source: &str, over: &str, c: &bounds::Crossed) -> Refused {
 /// policy in force: refused (why), or allowed with warnings (a TollgatePolicy under whose
 /// bounds a namespace's profile would no longer be applied).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ObjectVerdict {
+pub(crate) struct ObjectVerdict {
     pub refusal: Option<String>,
     pub warnings: Vec<String>,
 }
 
 /// Judges `object` (a TollgatePolicy or TollgateProfile, as the review carries it) as it
 /// would be composed with what `policy` (the policy in force) was made of.
-pub fn review(policy: &Policy, kind: &str, object: &Value) -> ObjectVerdict {
+pub(crate) fn review(policy: &Policy, kind: &str, object: &Value) -> ObjectVerdict {
     let stored = Stored::from_object(object);
     let mut verdict = ObjectVerdict::default();
     let layers = &policy.layers;

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{Driver, HostMount, Policy, PolicyError, ProfileMatch};
+use super::{Driver, HostMount, Policy, PolicyError, ProfileMatch, Step};
 use crate::{names, quantity, template_path};
 
 impl Policy {
@@ -62,10 +62,9 @@ impl Policy {
         }
         self.check_workloads(source)?;
         self.check_gpu_classes(source)?;
-        self.check_sidecar(source)?;
-        let dr = &self.mutation.default_resources;
-        check_defaults(source, "mutation.defaultResources.limits", &dr.limits)?;
-        check_defaults(source, "mutation.defaultResources.perGpu", &dr.per_gpu)?;
+        for step in Step::ALL {
+            self.check_step(source, step)?;
+        }
         for (i, r) in self.validation.required_requests.iter().enumerate() {
             if r.is_empty() || r.contains(char::is_whitespace) {
                 return err(
@@ -80,29 +79,46 @@ impl Policy {
     /// Fields of earlier versions whose meaning moved into the GPU classes: refused with
     /// where it went, rather than silently ignored or half honoured.
     fn check_replaced(&self, source: &str) -> Result<(), PolicyError> {
-        let replaced = [
-            (
-                self.gpu.resources.is_some(),
-                "gpu.resources",
-                "replaced by gpu.classes: list each resource under its class, e.g. \
-                 gpu.classes.nvidia.resources (see policies/default.yaml)",
-            ),
-            (
+        let gpu = (
+            self.gpu.resources.is_some(),
+            "gpu.resources",
+            "replaced by gpu.classes: list each resource under its class, e.g. \
+             gpu.classes.nvidia.resources (see policies/default.yaml)",
+        );
+        let steps = Step::ALL.into_iter().filter_map(|step| match step {
+            Step::Tolerations => Some((
                 self.mutation.gpu_tolerations.effect.is_some(),
                 "mutation.gpuTolerations.effect",
                 "replaced by gpu.classes.<class>.tolerations, a list of {key, operator, \
                  value, effect} (see policies/default.yaml)",
-            ),
-            (
+            )),
+            Step::DriverMounts => Some((
                 self.mutation.driver_mounts.resources.is_some(),
                 "mutation.driverMounts.resources",
                 "replaced by gpu.classes.<class>.mounts and .env, with driver: hostPath \
                  (see policies/default.yaml)",
-            ),
-        ];
-        match replaced.into_iter().find(|(set, _, _)| *set) {
+            )),
+            Step::MetricsSidecar | Step::DefaultResources => None,
+        });
+        match std::iter::once(gpu).chain(steps).find(|(set, _, _)| *set) {
             Some((_, field, msg)) => Err(PolicyError::field(source, field, msg)),
             None => Ok(()),
+        }
+    }
+
+    /// What serde cannot check of a mutation step's section.
+    fn check_step(&self, source: &str, step: Step) -> Result<(), PolicyError> {
+        match step {
+            // The tolerations are the GPU classes', checked with them.
+            Step::Tolerations => Ok(()),
+            // Its volume prefix is checked with the classes, whose mounts it names.
+            Step::DriverMounts => Ok(()),
+            Step::MetricsSidecar => self.check_sidecar(source),
+            Step::DefaultResources => {
+                let dr = &self.mutation.default_resources;
+                check_defaults(source, "mutation.defaultResources.limits", &dr.limits)?;
+                check_defaults(source, "mutation.defaultResources.perGpu", &dr.per_gpu)
+            }
         }
     }
 

@@ -30,7 +30,7 @@ pub struct Policy {
     /// Which pods are training pods (the ones that get mutated).
     pub selection: Selection,
     /// The opt-out annotation and where it is honoured.
-    pub opt_out: OptOut,
+    pub opt_out: OptOutRules,
     /// What the mutating webhook adds to a training pod: each step, whether it is on, and
     /// what it adds.
     pub mutation: Mutation,
@@ -196,7 +196,7 @@ pub struct Profile {
     /// For the pods this profile fits: the policy's `optOut`, with what is written here
     /// merged over it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "Option<OptOut>", extend("x-tollgate-merged" = true))]
+    #[schemars(with = "Option<OptOutRules>", extend("x-tollgate-merged" = true))]
     pub opt_out: Option<Value>,
     /// For the pods this profile fits: the policy's `mutation`, with what is written here
     /// merged over it.
@@ -334,7 +334,7 @@ pub struct Selection {
 /// where and for whom this section says.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct OptOut {
+pub struct OptOutRules {
     /// The pod annotation that asks to skip tollgate (value "true").
     pub annotation: String,
     /// Namespaces (names or globs with `*` and `?`) where the opt-out is honoured.
@@ -451,6 +451,17 @@ pub enum FeasibilityMode {
     Off,
 }
 
+impl FeasibilityMode {
+    /// As the policy file writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FeasibilityMode::Warn => "warn",
+            FeasibilityMode::Enforce => "enforce",
+            FeasibilityMode::Off => "off",
+        }
+    }
+}
+
 /// Where a workload kind's templates are read, when not in the workload itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -488,9 +499,10 @@ pub enum ResourcesPerNode {
 }
 
 impl WorkloadKind {
-    /// The word messages use for the workload: its kind in lower case (`pytorchjob`).
+    /// The word messages use for the workload: its kind in lower case (`pytorchjob`), with
+    /// its group where a built-in kind has the same name (`job.batch.volcano.sh`).
     pub fn noun(&self) -> String {
-        self.kind.to_ascii_lowercase()
+        crate::names::kind_noun(&self.group, &self.kind)
     }
 }
 
@@ -520,6 +532,72 @@ pub struct Mutation {
     pub metrics_sidecar: MetricsSidecar,
     /// The step that gives containers without limits default ones.
     pub default_resources: DefaultResources,
+}
+
+/// The mutation steps, each named once: its variant, its name in the applied annotation
+/// (and the audit's rule), and its section under `mutation` in the policy file. `ALL`
+/// comes from the same list, so it cannot leave one out.
+macro_rules! steps {
+    ($($(#[$doc:meta])* $step:ident = $name:literal, $field:literal;)+) => {
+        /// One mutation step. This is the steps' one list: the engine runs them in its
+        /// order (`mutate`), and every other place that must answer each step (the
+        /// TollgateProfile bounds, the export, the policy's checks, the policy's switch
+        /// for it, [`Mutation::enabled`]) matches on it exhaustively, so a new step does
+        /// not compile until each does.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Step {
+            $($(#[$doc])* $step,)+
+        }
+
+        impl Step {
+            /// Every step, in the order they run.
+            pub const ALL: [Step; [$(Step::$step),+].len()] = [$(Step::$step),+];
+
+            /// As the applied annotation and the audit name it (`driver-mounts`).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Step::$step => $name,)+
+                }
+            }
+
+            /// Its section under `mutation` in the policy file (`driverMounts`).
+            pub fn field(self) -> &'static str {
+                match self {
+                    $(Step::$step => $field,)+
+                }
+            }
+        }
+    };
+}
+
+steps! {
+    /// The GPU classes' tolerations on a GPU pod.
+    Tolerations = "tolerations", "gpuTolerations";
+    /// The node's driver directories mounted into the containers that use a GPU.
+    DriverMounts = "driver-mounts", "driverMounts";
+    /// A metrics sidecar injected.
+    MetricsSidecar = "metrics-sidecar", "metricsSidecar";
+    /// Default limits (and what the apiserver defaults requests from) where none are set.
+    DefaultResources = "default-resources", "defaultResources";
+}
+
+impl Step {
+    /// The step named `name` in the applied annotation.
+    pub fn from_name(name: &str) -> Option<Step> {
+        Step::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+}
+
+impl Mutation {
+    /// Whether the policy runs `step`.
+    pub fn enabled(&self, step: Step) -> bool {
+        match step {
+            Step::Tolerations => self.gpu_tolerations.enabled,
+            Step::DriverMounts => self.driver_mounts.enabled,
+            Step::MetricsSidecar => self.metrics_sidecar.enabled,
+            Step::DefaultResources => self.default_resources.enabled,
+        }
+    }
 }
 
 /// An admission operation: `CREATE` or `UPDATE`.
@@ -669,6 +747,17 @@ pub enum Mode {
     Warn,
     /// Allowed, with an audit annotation and a log line.
     Audit,
+}
+
+impl Mode {
+    /// As the policy file (and the audit's findings) write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Warn => "warn",
+            Mode::Audit => "audit",
+        }
+    }
 }
 
 impl Policy {
