@@ -6,7 +6,8 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn main() {
+/// Public for `kubectl-tollgate` (src/bin/kubectl-tollgate.rs), which is this program.
+pub fn main() {
     return_freed_memory_at_once();
     let code = tollgate::cli::main();
     // Review log lines are batched; `exit` would not wait for them.

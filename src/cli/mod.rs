@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Args, CommandFactory as _, Parser, Subcommand};
+use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 use crate::server::{self, Limits, ServeOptions};
 use crate::telemetry::{self, LogFormat};
@@ -233,9 +233,35 @@ pub struct CertsArgs {
     pub days: u32,
 }
 
+/// The name the program goes by in help, usage and completion: `kubectl tollgate` when
+/// run as `kubectl-tollgate` (kubectl runs its plugins by their path, so argv[0] ends so),
+/// else `tollgate`.
+pub fn program_name(argv0: Option<&std::ffi::OsStr>) -> &'static str {
+    let file = argv0
+        .map(Path::new)
+        .and_then(Path::file_stem)
+        .and_then(|f| f.to_str())
+        .unwrap_or("");
+    if file == "kubectl-tollgate" {
+        "kubectl tollgate"
+    } else {
+        "tollgate"
+    }
+}
+
+/// The command line, parsed under the name the program was run as ([`program_name`]).
+fn parse() -> (Cli, &'static str) {
+    let name = program_name(std::env::args_os().next().as_deref());
+    let matches = Cli::command().bin_name(name).get_matches();
+    match Cli::from_arg_matches(&matches) {
+        Ok(cli) => (cli, name),
+        Err(e) => e.exit(),
+    }
+}
+
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
-    let cli = Cli::parse();
+    let (cli, name) = parse();
     match cli.command {
         Command::Serve(a) => match serve(*a) {
             Ok(()) => 0,
@@ -247,7 +273,10 @@ pub fn main() -> i32 {
         Command::Review(a) => review::run(&a),
         Command::Completion(a) => {
             let mut script = Vec::new();
-            clap_complete::generate(a.shell, &mut Cli::command(), "tollgate", &mut script);
+            // As the plugin, the script completes `kubectl-tollgate` (kubectl completes
+            // its plugins' arguments through `kubectl_complete-tollgate`, not this).
+            let bin = name.replace(' ', "-");
+            clap_complete::generate(a.shell, &mut Cli::command(), bin, &mut script);
             if kubectl::print(&String::from_utf8_lossy(&script)) {
                 0
             } else {
