@@ -25,6 +25,23 @@ pub struct ClusterFlags {
 }
 
 impl ClusterFlags {
+    /// Whether there is a cluster to read, as kubectl would find one: `--kubeconfig`, a
+    /// file of `$KUBECONFIG` or `~/.kube/config` that exists, or a pod's in-cluster
+    /// configuration. The commands that may work offline (`policy`) read files alone
+    /// without one.
+    pub fn found(&self) -> bool {
+        let sources = KubeconfigSources::from_process_env(self.kubeconfig.clone());
+        if sources.explicit.is_some() || self.context.is_some() || sources.in_cluster {
+            return true;
+        }
+        match sources.env.as_ref().filter(|v| !v.is_empty()) {
+            Some(list) => std::env::split_paths(list).any(|p| p.is_file()),
+            None => sources
+                .home
+                .is_some_and(|h| h.join(".kube").join("config").is_file()),
+        }
+    }
+
     /// The client configuration, as kubectl finds it; `hint` says what to do without one.
     pub async fn config(&self, hint: &str) -> Result<kube::Config> {
         let sources = KubeconfigSources::from_process_env(self.kubeconfig.clone());

@@ -447,14 +447,15 @@ async fn runtimes(
 
 /// The cluster's TollgatePolicy and the TollgateProfiles of `scope` (its namespace, or
 /// all), as JSON, composed with the file into the policy the namespaces are audited with;
-/// and, for each kind the identity may not list, why (the audit then runs without it).
+/// and, for each kind the identity may not list, why (the command says so: without the
+/// TollgatePolicy it refuses to judge, `cli::objects::unreadable_policy`).
 /// None where the cluster does not serve them (their CRDs not installed): asked of
 /// discovery first, since the apiserver answers a list of a resource it does not serve
 /// with 403, not 404, to an identity no rule lets list it.
 pub async fn policy_objects(
     a: &Auditor,
     scope: &Namespaces,
-) -> Result<(Vec<Value>, Vec<String>), AuditError> {
+) -> Result<(Vec<Value>, Vec<Unread>), AuditError> {
     use tollgate_core::{
         POLICY_GROUP, POLICY_KIND, POLICY_PLURAL, POLICY_VERSION, PROFILE_KIND, PROFILE_PLURAL,
     };
@@ -488,12 +489,24 @@ pub async fn policy_objects(
             Ok(()) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(kube::Error::Api(s)) if s.code == 403 => {
-                unread.push(format!("{} ({})", needs.describe(), s.message));
+                unread.push(Unread {
+                    kind,
+                    why: format!("{} ({})", needs.describe(), s.message),
+                });
             }
             Err(e) => return Err(classify(&a.url, needs, e)),
         }
     }
     Ok((out, unread))
+}
+
+/// A kind of the policy objects the identity may not list (403), and the request with the
+/// apiserver's words: what a command says instead of judging as if it were absent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unread {
+    /// `TollgatePolicy` or `TollgateProfile`.
+    pub kind: &'static str,
+    pub why: String,
 }
 
 /// Each object of `resource` (in `namespace`, or all), a page at a time, as JSON with the

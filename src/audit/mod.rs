@@ -327,6 +327,31 @@ impl Auditor {
         list::namespaces(self, scope, policy).await
     }
 
+    /// Judges one object of `namespace` (`tollgate why`) as [`Auditor::audit_namespace`]
+    /// judges each: with the namespace's labels where they may be read, and the cluster
+    /// context the audit lists for it.
+    pub async fn judge_one(
+        &self,
+        policy: &Policy,
+        namespace: &str,
+        object: serde_json::Value,
+    ) -> Result<Audited, AuditError> {
+        let scope = Namespaces::One(namespace.to_owned());
+        let ns = self
+            .namespaces(&scope, policy)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| AuditError::Api {
+                what: format!("namespace {namespace}"),
+                status: None,
+                detail: "left out of the audit".into(),
+            })?;
+        let wide = self.cluster_wide(policy).await?;
+        let local = list::context(self, &ns, policy, &wide).await?;
+        Ok(audit_object(policy, &local, object))
+    }
+
     /// Judges every object of `namespace` the policy reviews (pods, then the workloads of
     /// the policy's kinds that no controller made: [`list::kinds`]), calling `found` with
     /// each in list order; returns the namespace's totals.

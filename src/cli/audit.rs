@@ -43,7 +43,8 @@ const NO_CLUSTER: &str = "tollgate audit reads a cluster: set KUBECONFIG or pass
 
 /// Runs `tollgate audit`; the exit status: 0 nothing would be refused, 1 something would
 /// (an object, or a TollgatePolicy or TollgateProfile that does not load), 2 unusable
-/// input (the policy, the kubeconfig, the cluster unreachable or forbidding).
+/// input (the policy, the kubeconfig, the cluster unreachable or forbidding), 3 the
+/// cluster's TollgatePolicy may not be read and none was given with -f.
 pub fn run(a: &AuditArgs) -> i32 {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -64,6 +65,10 @@ pub fn run(a: &AuditArgs) -> i32 {
             eprintln!("tollgate: {message}");
             2
         }
+        Err(Ended::Unreadable(message)) => {
+            eprintln!("tollgate: {message}");
+            super::objects::UNREADABLE_POLICY
+        }
     }
 }
 
@@ -73,6 +78,8 @@ enum Ended {
     Closed,
     /// The one line to show.
     Because(String),
+    /// The cluster's TollgatePolicy may not be read, and none was given: the one line.
+    Unreadable(String),
 }
 
 impl From<String> for Ended {
@@ -114,9 +121,13 @@ async fn audit(a: &AuditArgs) -> Result<(Totals, bool), Ended> {
     // The policy in force: the file, with the cluster's TollgatePolicy and TollgateProfiles
     // (those given replacing them), so that each namespace is judged with its profile.
     let (listed, unread) = crate::audit::list::policy_objects(&auditor, &scope).await?;
-    for why in unread {
+    if let Some(line) = super::objects::unreadable_policy(&unread, &given, false) {
+        return Err(Ended::Unreadable(line));
+    }
+    for u in unread.iter().filter(|u| given.cluster.is_some() || u.kind != tollgate_core::POLICY_KIND) {
         eprintln!(
-            "tollgate: audited without the cluster's objects of a kind it may not read: {why}"
+            "tollgate: audited without the cluster's objects of a kind it may not read: {}",
+            u.why
         );
     }
     let mut found = PolicyObjects::default();

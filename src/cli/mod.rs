@@ -1,4 +1,5 @@
-//! The command line: `serve`, `review`, `audit`, `certs`, `register`, `export` and `policy`.
+//! The command line: `serve`, `review`, `audit`, `certs`, `register`, `export`, `policy`
+//! and `why`; as `kubectl tollgate` too ([`program_name`]).
 
 mod audit;
 mod export;
@@ -6,10 +7,12 @@ pub mod kubectl;
 mod objects;
 mod policy;
 mod review;
+mod why;
 
 pub use audit::AuditArgs;
 pub use export::{ExportArgs, ExportCommand, VapArgs};
 pub use policy::PolicyArgs;
+pub use why::WhyArgs;
 pub use review::{
     add_context, documents, read, run_review, split, synthetic_review, CliResult, Entered, Entry,
     Input, Output, ReviewArgs, Skipped,
@@ -55,6 +58,12 @@ pub enum Command {
     /// the built-in policy, the file, the TollgatePolicy, a cluster profile, the
     /// namespace's TollgateProfile.
     Policy(PolicyArgs),
+    /// Say why a pod or job has not started, or what was done to it, from the live
+    /// cluster: what tollgate changed and which policy layer set it, what it would refuse
+    /// or warn of now and its feasibility verdict, what Pod Security, a quota or a webhook
+    /// refused of its pods (the controller's FailedCreate events), Kueue's Workload
+    /// conditions, and the scheduler's verdict on its pending pods.
+    Why(WhyArgs),
     /// Print a shell's completion script: `source <(tollgate completion bash)`, or
     /// `tollgate completion zsh > "${fpath[1]}/_tollgate"`.
     Completion(CompletionArgs),
@@ -286,6 +295,7 @@ pub fn main() -> i32 {
         Command::Audit(a) => audit::run(&a),
         Command::Export(a) => export::run(&a),
         Command::Policy(a) => policy::run(&a),
+        Command::Why(a) => why::run(&a),
         Command::Register(a) => {
             let result = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -109,3 +109,73 @@ pub fn status_json(s: &ObjectStatus) -> Value {
         },
     })
 }
+
+/// The exit status of a command that could not read the policy in force (the cluster's
+/// TollgatePolicy, forbidden to the user): neither a verdict (0, 1) nor unusable input
+/// (2), so that a script tells "not judged" from "judged".
+pub const UNREADABLE_POLICY: i32 = 3;
+
+/// Where the TollgatePolicy and TollgateProfiles a command composed came from, as its
+/// output says it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObjectsFrom {
+    /// The cluster at this URL (and the files given over it, if any).
+    Cluster(String),
+    /// The files given alone: `--local`, or no kubeconfig.
+    Files,
+}
+
+impl std::fmt::Display for ObjectsFrom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ObjectsFrom::Cluster(url) => write!(f, "the cluster at {url}"),
+            ObjectsFrom::Files => f.write_str("the files given (no cluster read)"),
+        }
+    }
+}
+
+/// The cluster's TollgatePolicy and the TollgateProfiles of `scope`, as the user may read
+/// them: the objects, and the kinds forbidden to them ([`unreadable_policy`] says what a
+/// command does then). Where the cluster does not serve the kinds, none.
+pub async fn from_cluster(
+    client: kube::Client,
+    url: &str,
+    scope: &crate::audit::Namespaces,
+) -> Result<(PolicyObjects, Vec<crate::audit::list::Unread>), String> {
+    let auditor = crate::audit::Auditor::new(client, url.to_owned());
+    let (listed, unread) = crate::audit::list::policy_objects(&auditor, scope)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut found = PolicyObjects::default();
+    for object in &listed {
+        found.add("the cluster", object);
+    }
+    Ok((found, unread))
+}
+
+/// The line to say where the cluster's TollgatePolicy may not be read and none was given
+/// (`given`): its bounds are what every profile must meet and its values what every pod
+/// gets, so a verdict without it would be one against the built-in policy, not the
+/// cluster's. None where it was read (or given).
+pub fn unreadable_policy(
+    unread: &[crate::audit::list::Unread],
+    given: &PolicyObjects,
+    local_hint: bool,
+) -> Option<String> {
+    if given.cluster.is_some() {
+        return None;
+    }
+    let why = unread.iter().find(|u| u.kind == POLICY_KIND)?;
+    Some(format!(
+        "could not read the cluster's TollgatePolicy: forbidden: {}; without it this would \
+         judge by the built-in policy, not the cluster's, so it does not. Ask for the \
+         ClusterRole tollgate-policy-viewer (deploy/base/rbac.yaml binds it to every \
+         authenticated user) or give the policy with -f{}",
+        why.why,
+        if local_hint {
+            ", or pass --local to use the files alone"
+        } else {
+            ""
+        }
+    ))
+}

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde_json::{json, Value};
 
-use super::kubectl::Manifests;
-use super::objects::{self, PolicyObjects};
+use super::kubectl::{ClusterFlags, Manifests};
+use super::objects::{self, ObjectsFrom, PolicyObjects};
 use tollgate_core::{
     explain_policy, select_profile, Explained, Leaf, Objects, PodLabels, Policy, ValueSource,
 };
@@ -55,11 +55,35 @@ pub struct PolicyArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = Format::Yaml)]
     pub output: Format,
+    /// The cluster whose TollgatePolicy and TollgateProfiles to show the policy with (read
+    /// when a kubeconfig is found; those given with -f replace them by name).
+    #[command(flatten)]
+    pub cluster: ClusterFlags,
+    /// Read no cluster: the file and the objects given with -f alone (as without a
+    /// kubeconfig).
+    #[arg(long)]
+    pub local: bool,
+}
+
+/// Why `policy` showed nothing.
+enum Unshown {
+    /// The one line to show; exit 2.
+    Input(String),
+    /// The cluster's TollgatePolicy may not be read; exit 3.
+    Unreadable(String),
+}
+
+impl From<String> for Unshown {
+    fn from(s: String) -> Unshown {
+        Unshown::Input(s)
+    }
 }
 
 /// Runs `tollgate policy`; the exit status: 0 shown, 1 shown but an object given does not
 /// load (it is not applied, as the server would not apply it; its status is on standard
-/// error), 2 unusable input (the file, an object file, a profile that does not exist).
+/// error), 2 unusable input (the file, an object file, a profile that does not exist, the
+/// cluster unreachable), 3 the cluster's TollgatePolicy may not be read
+/// ([`objects::UNREADABLE_POLICY`]).
 pub fn run(a: &PolicyArgs) -> i32 {
     match show(a) {
         Ok((text, statuses_ok)) => {
@@ -72,19 +96,71 @@ pub fn run(a: &PolicyArgs) -> i32 {
                 1
             }
         }
-        Err(e) => {
+        Err(Unshown::Input(e)) => {
             eprintln!("tollgate: {e}");
             2
+        }
+        Err(Unshown::Unreadable(e)) => {
+            eprintln!("tollgate: {e}");
+            objects::UNREADABLE_POLICY
         }
     }
 }
 
-fn show(a: &PolicyArgs) -> Result<(String, bool), String> {
+/// What the cluster says the user can read: the TollgatePolicy and the TollgateProfile
+/// of `namespace` (with -n), under `given`'s (the files given replace them by name).
+fn live_objects(a: &PolicyArgs, given: PolicyObjects) -> Result<(PolicyObjects, String), Unshown> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let config = a
+            .cluster
+            .config("pass --local to show the policy of the files alone")
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let url = config.cluster_url.to_string();
+        let client = kube::Client::try_from(config)
+            .map_err(|e| format!("creating a client for the API server at {url}: {e}"))?;
+        // Without -n: the cluster's policy, as a namespace without a profile gets it (the
+        // profiles listed are left out).
+        let scope = match &a.namespace {
+            Some(ns) => crate::audit::Namespaces::One(ns.clone()),
+            None => crate::audit::Namespaces::All,
+        };
+        let (mut found, unread) = objects::from_cluster(client, &url, &scope).await?;
+        if let Some(line) = objects::unreadable_policy(&unread, &given, true) {
+            return Err(Unshown::Unreadable(line));
+        }
+        if a.namespace.is_none() {
+            found.profiles.clear();
+        } else {
+            for u in unread.iter().filter(|u| u.kind != tollgate_core::POLICY_KIND) {
+                eprintln!(
+                    "tollgate: shown without the namespace's TollgateProfile, which you may not read: {}",
+                    u.why
+                );
+            }
+        }
+        found.overlay(given);
+        Ok((found, url))
+    })
+}
+
+fn show(a: &PolicyArgs) -> Result<(String, bool), Unshown> {
     let file = objects::file_layer(a.policy.as_deref())?;
-    let found = read_objects(&a.manifests, a.namespace.as_deref())?;
+    let given = read_objects(&a.manifests, a.namespace.as_deref())?;
+    let (found, from) = if a.local || !a.cluster.found() {
+        (given, ObjectsFrom::Files)
+    } else {
+        let (found, url) = live_objects(a, given)?;
+        (found, ObjectsFrom::Cluster(url))
+    };
     let composed = objects::compose(file.as_ref(), &found)?;
     for s in composed.statuses.iter().filter(|s| !s.ready) {
-        eprintln!("tollgate: {}", s.message);
+        let origin = found.origin(s).unwrap_or("the cluster");
+        eprintln!("tollgate: {origin}: {}", s.message);
     }
     let all_ready = composed.statuses.iter().all(|s| s.ready);
     let policy = &composed.policy;
@@ -99,13 +175,14 @@ fn show(a: &PolicyArgs) -> Result<(String, bool), String> {
         .map_err(|e| e.to_string())?;
     let text = match a.output {
         Format::Json => {
-            let mut s = serde_json::to_string_pretty(&to_json(&explained, a, &composed.statuses))
-                .unwrap_or_default();
+            let mut s =
+                serde_json::to_string_pretty(&to_json(&explained, a, &composed.statuses, &from))
+                    .unwrap_or_default();
             s.push('\n');
             s
         }
-        Format::Yaml => header(&explained, a) + &tree(&explained.leaves),
-        Format::Table => header(&explained, a) + &table(&explained.leaves),
+        Format::Yaml => header(&explained, a, &from) + &tree(&explained.leaves),
+        Format::Table => header(&explained, a, &from) + &table(&explained.leaves),
     };
     Ok((text, all_ready))
 }
@@ -158,18 +235,30 @@ fn cluster_profile(policy: &Policy, namespace: &str, a: &PolicyArgs) -> Option<S
     selected.profile.map(str::to_owned)
 }
 
-/// What the text forms open with: which pods, which policy, its layers.
-fn header(e: &Explained, a: &PolicyArgs) -> String {
+/// What the text forms open with: which pods, which policy, its layers, and the cluster
+/// its objects were read from, when one was.
+fn header(e: &Explained, a: &PolicyArgs, from: &ObjectsFrom) -> String {
     let pods = match &a.namespace {
         Some(ns) => format!("the pods of namespace {ns}"),
         None => "the pods of a namespace without a TollgateProfile".to_owned(),
     };
     let layers: Vec<String> = e.layers.iter().map(ToString::to_string).collect();
-    format!(
+    let mut out = format!(
         "# The policy in force for {pods}: {}.\n# Layers, each over the one before: {}.\n",
         e.name,
         layers.join(", ")
-    )
+    );
+    if let ObjectsFrom::Cluster(url) = from {
+        let given = if a.manifests.is_empty(&[]) {
+            ""
+        } else {
+            " (those given with -f in their place)"
+        };
+        out.push_str(&format!(
+            "# The TollgatePolicy and TollgateProfiles as the cluster at {url} holds them{given}.\n"
+        ));
+    }
+    out
 }
 
 /// A value on one line where it fits (a scalar, a list of scalars, an empty map), as JSON,
@@ -245,10 +334,19 @@ fn table(leaves: &[Leaf]) -> String {
     out
 }
 
-fn to_json(e: &Explained, a: &PolicyArgs, statuses: &[tollgate_core::ObjectStatus]) -> Value {
+fn to_json(
+    e: &Explained,
+    a: &PolicyArgs,
+    statuses: &[tollgate_core::ObjectStatus],
+    from: &ObjectsFrom,
+) -> Value {
     let source = |s: &ValueSource| json!({"kind": s.kind(), "name": s.to_string()});
     json!({
         "namespace": a.namespace,
+        "objectsFrom": match from {
+            ObjectsFrom::Cluster(url) => json!({"cluster": url}),
+            ObjectsFrom::Files => json!({"cluster": null}),
+        },
         "policy": e.name,
         "layers": e.layers.iter().map(source).collect::<Vec<_>>(),
         "values": e.leaves.iter().map(|l| json!({

@@ -6,21 +6,27 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 /// The binary under test: this build's, or `TOLLGATE_BIN` (a measurement's release build,
-/// tests/scale.rs).
+/// tests/scale.rs); with a `KUBECONFIG` that names no file, so that a command reaches only
+/// the cluster its arguments name, never the developer's (`$KUBECONFIG` or
+/// `~/.kube/config`: the commands that read a cluster when a kubeconfig is found, `policy`
+/// and `why`, would read it). A test's own `.env("KUBECONFIG", ...)` replaces it.
 pub fn command() -> Command {
-    Command::new(
+    let mut cmd = Command::new(
         std::env::var_os("TOLLGATE_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_tollgate").into()),
-    )
+    );
+    cmd.env("KUBECONFIG", NO_KUBECONFIG);
+    cmd
 }
 
+/// A kubeconfig path no file is at.
+pub const NO_KUBECONFIG: &str = "/nonexistent/tollgate-tests/kubeconfig";
+
 /// Runs `tollgate ARGS` from the repository's root, with `stdin` on its standard input
-/// (none: closed at once), and without the developer's `KUBECONFIG`: a command of a test
-/// reaches only the cluster its arguments name.
+/// (none: closed at once), and without the developer's kubeconfig ([`command`]).
 pub fn run(args: &[&str], stdin: Option<&[u8]>) -> Output {
     let mut child = command()
         .args(args)
         .current_dir(super::root())
-        .env_remove("KUBECONFIG")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
