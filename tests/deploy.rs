@@ -182,9 +182,11 @@ fn base_renders_everything_an_install_needs() {
         [
             "ClusterRole/\"tollgate-cluster-context\"",
             "ClusterRole/\"tollgate-policy-objects\"",
+            "ClusterRole/\"tollgate-policy-viewer\"",
             "ClusterRole/\"tollgate-profile-editor\"",
             "ClusterRoleBinding/\"tollgate-cluster-context\"",
             "ClusterRoleBinding/\"tollgate-policy-objects\"",
+            "ClusterRoleBinding/\"tollgate-policy-viewer\"",
             "ConfigMap/\"tollgate-policy\"",
             "CustomResourceDefinition/\"tollgatepolicies.tollgate.dev\"",
             "CustomResourceDefinition/\"tollgateprofiles.tollgate.dev\"",

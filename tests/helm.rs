@@ -578,6 +578,7 @@ async fn taken_names_gone(admin: &kube::Client) {
             "tollgate-audit",
             "tollgate-policy-objects",
             "tollgate-profile-editor",
+            "tollgate-policy-viewer",
         ] {
             if kube::Api::<rbac::ClusterRole>::all(c.clone())
                 .get_opt(name)

@@ -41,3 +41,4 @@ mod shutdown;
 mod soak;
 mod tls;
 mod trainjob_context;
+mod why;

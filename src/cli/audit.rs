@@ -124,7 +124,10 @@ async fn audit(a: &AuditArgs) -> Result<(Totals, bool), Ended> {
     if let Some(line) = super::objects::unreadable_policy(&unread, &given, false) {
         return Err(Ended::Unreadable(line));
     }
-    for u in unread.iter().filter(|u| given.cluster.is_some() || u.kind != tollgate_core::POLICY_KIND) {
+    for u in unread
+        .iter()
+        .filter(|u| given.cluster.is_some() || u.kind != tollgate_core::POLICY_KIND)
+    {
         eprintln!(
             "tollgate: audited without the cluster's objects of a kind it may not read: {}",
             u.why

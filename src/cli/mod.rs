@@ -12,11 +12,11 @@ mod why;
 pub use audit::AuditArgs;
 pub use export::{ExportArgs, ExportCommand, VapArgs};
 pub use policy::PolicyArgs;
-pub use why::WhyArgs;
 pub use review::{
     add_context, documents, read, run_review, split, synthetic_review, CliResult, Entered, Entry,
     Input, Output, ReviewArgs, Skipped,
 };
+pub use why::WhyArgs;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

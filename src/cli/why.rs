@@ -168,7 +168,8 @@ pub fn resolve(kind: &str, kinds: &[ApiResource]) -> Option<ApiResource> {
             let grouped = match &group {
                 None => true,
                 Some(g) => {
-                    *g == r.group || (r.group.is_empty() && g.is_empty())
+                    *g == r.group
+                        || (r.group.is_empty() && g.is_empty())
                         || format!("{}.{}", r.version, r.group) == *g
                 }
             };
@@ -203,14 +204,13 @@ impl Unread {
             }
             kube::Error::Api(s) if s.code == 404 => Ok(()),
             kube::Error::Api(_) => {
-                self.0
-                    .push(format!("could not read {what}: {}", crate::kubeconfig::words(&e)));
+                self.0.push(format!(
+                    "could not read {what}: {}",
+                    crate::kubeconfig::words(&e)
+                ));
                 Ok(())
             }
-            _ => Err(format!(
-                "reading {what}: {}",
-                crate::kubeconfig::words(&e)
-            )),
+            _ => Err(format!("reading {what}: {}", crate::kubeconfig::words(&e))),
         }
     }
 }
@@ -308,7 +308,8 @@ async fn why(a: &WhyArgs) -> Result<Value, Unanswered> {
     if is_pod {
         pods.push(object.clone());
     } else {
-        let pods_api = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &namespace);
+        let pods_api =
+            Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &namespace);
         match pods_api.list(&ListParams::default()).await {
             Ok(list) => {
                 for p in list.items {
@@ -335,7 +336,9 @@ async fn why(a: &WhyArgs) -> Result<Value, Unanswered> {
                     let cannot: Vec<String> = auditor
                         .unread()
                         .into_iter()
-                        .map(|(what, _)| format!("could not read what feasibility needs: forbidden: {what}"))
+                        .map(|(what, _)| {
+                            format!("could not read what feasibility needs: forbidden: {what}")
+                        })
                         .collect();
                     v["unread"] = json!(cannot);
                     v
@@ -346,7 +349,8 @@ async fn why(a: &WhyArgs) -> Result<Value, Unanswered> {
     };
 
     // Events: the object's, its Jobs' and its pods'.
-    let events_api = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), &namespace);
+    let events_api =
+        Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), &namespace);
     let mut events = vec![];
     match events_api.list(&ListParams::default()).await {
         Ok(list) => {
@@ -381,10 +385,7 @@ async fn why(a: &WhyArgs) -> Result<Value, Unanswered> {
                         }
                     }
                 }
-                Err(e) => unread.note(
-                    &format!("Kueue's Workloads in namespace {namespace}"),
-                    e,
-                )?,
+                Err(e) => unread.note(&format!("Kueue's Workloads in namespace {namespace}"), e)?,
             }
         }
         Ok(None) => {}
@@ -531,30 +532,36 @@ fn workload_json(w: &Value) -> Value {
     })
 }
 
-/// A line on the object's state: a pod's phase, a Job's conditions and counts.
+/// A line on the object's state: a pod's phase (and its node, bound but not started), a
+/// Job's counts and conditions.
 fn state(v: &Value, is_pod: bool) -> String {
     if is_pod {
         let phase = str_at(v, "/status/phase");
-        return if phase.is_empty() { "Unknown".into() } else { phase };
+        let node = str_at(v, "/spec/nodeName");
+        return match (phase.as_str(), node.is_empty()) {
+            ("", _) => "Unknown".into(),
+            ("Pending", false) => format!("Pending (bound to node {node}, not started there yet)"),
+            _ => phase,
+        };
     }
     let s = &v["status"];
-    let true_conditions: Vec<String> = s["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["status"] == "True")
-        .filter_map(|c| c["type"].as_str().map(str::to_owned))
-        .collect();
     let mut parts = vec![];
-    for (k, word) in [("active", "active"), ("ready", "ready"), ("succeeded", "succeeded"), ("failed", "failed")] {
-        if let Some(n) = s[k].as_u64() {
-            parts.push(format!("{n} {word}"));
+    for k in ["active", "ready", "succeeded", "failed"] {
+        if let Some(n) = s[k].as_u64().filter(|n| *n > 0) {
+            parts.push(format!("{n} {k}"));
         }
     }
     if v.pointer("/spec/suspend") == Some(&Value::Bool(true)) {
         parts.push("suspended".into());
     }
-    parts.extend(true_conditions);
+    parts.extend(
+        s["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["status"] == "True" && c["type"] != "Suspended")
+            .filter_map(|c| c["type"].as_str().map(str::to_owned)),
+    );
     if parts.is_empty() {
         "no pods yet".into()
     } else {
@@ -594,7 +601,14 @@ fn changed(policy: &Policy, namespace: &str, pods: &[Value]) -> Vec<Value> {
             let items: Vec<&str> = value.split(',').map(str::trim).collect();
             let classes: Vec<&str> = items.iter().filter_map(|i| i.strip_prefix("gpu=")).collect();
             let profile = items.iter().find_map(|i| i.strip_prefix("profile="));
-            let explained = explain_policy(policy, Some(namespace), profile).ok();
+            // The profile as the webhook names it: `CLUSTER+NS/default`, `NS/default` (the
+            // namespace's TollgateProfile alone) or `CLUSTER`; the cluster profile is what
+            // the explanation chooses, the namespace's it finds itself.
+            let cluster_profile = profile.and_then(|p| match p.split_once('+') {
+                Some((c, _)) => Some(c),
+                None => (!p.contains('/')).then_some(p),
+            });
+            let explained = explain_policy(policy, Some(namespace), cluster_profile).ok();
             let steps: Vec<Value> = items
                 .iter()
                 .filter_map(|i| Step::from_name(i))
@@ -616,7 +630,8 @@ fn changed(policy: &Policy, namespace: &str, pods: &[Value]) -> Vec<Value> {
                             }
                         }
                         // In the order the layers apply, the last the one on top.
-                        let order: Vec<String> = e.layers.iter().map(ToString::to_string).collect();
+                        let order: Vec<String> =
+                            e.layers.iter().map(ToString::to_string).collect();
                         layers.sort_by_key(|s| order.iter().position(|o| o == s));
                     }
                     json!({"step": step.as_str(), "field": format!("mutation.{}", step.field()), "layers": layers})
@@ -679,7 +694,11 @@ fn text(v: &Value) -> String {
         s("/state")
     );
     for j in v["jobs"].as_array().into_iter().flatten() {
-        out.push_str(&format!("  job {}: {}\n", str_at(j, "/name"), str_at(j, "/state")));
+        out.push_str(&format!(
+            "  job {}: {}\n",
+            str_at(j, "/name"),
+            str_at(j, "/state")
+        ));
     }
 
     out.push_str(&format!("\ntollgate (policy {}):\n", s("/tollgate/policy")));
@@ -689,7 +708,9 @@ fn text(v: &Value) -> String {
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|f| f["rule"] != "feasibility" && matches!(f["result"].as_str(), Some("fail" | "error")))
+            .filter(|f| {
+                f["rule"] != "feasibility" && matches!(f["result"].as_str(), Some("fail" | "error"))
+            })
             .collect();
         if refused.is_empty() {
             out.push_str("  would admit it as it is now\n");
@@ -705,7 +726,11 @@ fn text(v: &Value) -> String {
         match verdict["feasibility"].as_object() {
             Some(f) => out.push_str(&format!(
                 "  feasibility: {}: {}\n",
-                if f["result"] == "never" { "its pods could never run here" } else { "its pods cannot run now" },
+                if f["result"] == "never" {
+                    "its pods could never run here"
+                } else {
+                    "its pods cannot run now"
+                },
                 f["message"].as_str().unwrap_or("")
             )),
             None => out.push_str("  feasibility: nothing found against its running here\n"),
@@ -722,34 +747,64 @@ fn text(v: &Value) -> String {
             verdict["why"].as_str().unwrap_or("")
         ));
     }
-    let changed = v["tollgate"]["changed"].as_array().cloned().unwrap_or_default();
+    let changed = v["tollgate"]["changed"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     if changed.is_empty() && !v["pods"].as_array().is_none_or(Vec::is_empty) {
         out.push_str("  changed nothing in its pods\n");
     }
     for c in &changed {
-        let pods: Vec<&str> = c["pods"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-        out.push_str(&format!("  changed pod {} ({}):\n", pods.join(", "), str_at(c, "/annotation")));
+        let pods: Vec<&str> = c["pods"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        out.push_str(&format!(
+            "  changed pod {} ({}):\n",
+            pods.join(", "),
+            str_at(c, "/annotation")
+        ));
         for step in c["steps"].as_array().into_iter().flatten() {
-            let layers: Vec<&str> = step["layers"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            // The layer on top first: "TollgateProfile ml/default over built-in".
+            let mut layers: Vec<&str> = step["layers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            layers.reverse();
             out.push_str(&format!(
                 "    {}: {} set by {}\n",
                 str_at(step, "/step"),
                 str_at(step, "/field"),
-                if layers.is_empty() { "the policy".to_owned() } else { layers.join(" over ") }
+                if layers.is_empty() {
+                    "the policy".to_owned()
+                } else {
+                    layers.join(" over ")
+                }
             ));
         }
         if let Some(p) = c["profile"].as_str() {
-            out.push_str(&format!("    cluster profile: {p}\n"));
+            out.push_str(&format!("    profile: {p}\n"));
         }
     }
 
     let events = v["events"].as_array().cloned().unwrap_or_default();
-    let refusals: Vec<&Value> = events.iter().filter(|e| e["reason"] == "FailedCreate").collect();
+    let refusals: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["reason"] == "FailedCreate")
+        .collect();
     if !refusals.is_empty() {
         out.push_str("\npods never made (the controller's FailedCreate events):\n");
         for e in refusals {
             let by = e["decidedBy"].as_str().unwrap_or("");
-            let by = if by.is_empty() { String::new() } else { format!("{by} refused: ") };
+            let by = if by.is_empty() {
+                String::new()
+            } else {
+                format!("{by} refused: ")
+            };
             out.push_str(&format!(
                 "  {} ({}x): {by}{}\n",
                 str_at(e, "/object"),
@@ -760,7 +815,11 @@ fn text(v: &Value) -> String {
     }
 
     for w in v["kueue"].as_array().into_iter().flatten() {
-        out.push_str(&format!("\nkueue: workload {} (queue {}):\n", str_at(w, "/name"), str_at(w, "/queue")));
+        out.push_str(&format!(
+            "\nkueue: workload {} (queue {}):\n",
+            str_at(w, "/name"),
+            str_at(w, "/queue")
+        ));
         let conditions = w["conditions"].as_array().cloned().unwrap_or_default();
         if conditions.is_empty() {
             out.push_str("  no conditions yet: not yet considered by Kueue\n");
@@ -793,9 +852,10 @@ fn text(v: &Value) -> String {
             }
         };
         out.push_str(&format!("\npod {name} ({}): {line}\n", str_at(p, "/phase")));
-        for e in events.iter().filter(|e| {
-            str_at(e, "/object") == format!("pod/{name}") && e["type"] == "Warning"
-        }) {
+        for e in events
+            .iter()
+            .filter(|e| str_at(e, "/object") == format!("pod/{name}") && e["type"] == "Warning")
+        {
             out.push_str(&format!(
                 "  {} ({}x, {}): {}\n",
                 str_at(e, "/reason"),
@@ -807,7 +867,11 @@ fn text(v: &Value) -> String {
     }
     let other: Vec<&Value> = events
         .iter()
-        .filter(|e| e["type"] == "Warning" && e["reason"] != "FailedCreate" && !str_at(e, "/object").starts_with("pod/"))
+        .filter(|e| {
+            e["type"] == "Warning"
+                && e["reason"] != "FailedCreate"
+                && !str_at(e, "/object").starts_with("pod/")
+        })
         .collect();
     if !other.is_empty() {
         out.push_str("\nwarnings:\n");
@@ -855,7 +919,11 @@ mod tests {
             ("deploy", "Deployment", "apps"),
         ] {
             let r = resolve(given, &k).unwrap_or_else(|| panic!("{given}"));
-            assert_eq!((r.kind.as_str(), r.group.as_str()), (kind, group), "{given}");
+            assert_eq!(
+                (r.kind.as_str(), r.group.as_str()),
+                (kind, group),
+                "{given}"
+            );
         }
         assert!(resolve("service", &k).is_none());
     }
@@ -864,7 +932,10 @@ mod tests {
     fn the_object_as_kind_slash_name_or_two_words() {
         let w = |v: &[&str]| kind_and_name(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
         assert_eq!(w(&["pod/x"]).unwrap(), ("pod".into(), "x".into()));
-        assert_eq!(w(&["job", "train"]).unwrap(), ("job".into(), "train".into()));
+        assert_eq!(
+            w(&["job", "train"]).unwrap(),
+            ("job".into(), "train".into())
+        );
         assert!(w(&["x"]).is_err());
         assert!(w(&["pod/x", "y"]).is_err());
     }

@@ -50,6 +50,8 @@ pub const ROSTER: &[(&str, &[&str])] = &[
     ("bob", &["ml-researchers"]),
     ("carol", &["platform-team"]),
     ("mallory", &[]),
+    // A namespace's admin (tests/why.rs binds her there): a data scientist's rights.
+    ("erin", &[]),
 ];
 
 pub struct ControlPlane {
