@@ -1670,3 +1670,106 @@ spec:
     );
     assert_eq!(only_result(&json.stdout)["verdict"], "infeasible");
 }
+
+/// The program run as `kubectl-tollgate` (the second bin target, which kubectl runs as its
+/// plugin) names itself `kubectl tollgate` in help and usage, every command and its
+/// kubectl flags there; as `tollgate`, `tollgate`. The krew manifest installs exactly that
+/// executable on each of its platforms (the run through the real kubectl: tests/why.rs).
+#[test]
+fn the_plugin_names_itself_kubectl_tollgate_and_krew_installs_it() {
+    let plugin = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-tollgate"))
+            .args(args)
+            .env("KUBECONFIG", common::bin::NO_KUBECONFIG)
+            .output()
+            .unwrap()
+    };
+    let help = stdout(&plugin(&["--help"]));
+    assert!(help.contains("Usage: kubectl tollgate <COMMAND>"), "{help}");
+    assert!(help.contains("\n  why "), "{help}");
+    let why = stdout(&plugin(&["why", "--help"]));
+    assert!(
+        why.contains("Usage: kubectl tollgate why [OPTIONS] <KIND/NAME>"),
+        "{why}"
+    );
+    for flag in [
+        "-n, --namespace",
+        "--kubeconfig",
+        "--context",
+        "-o, --output",
+    ] {
+        assert!(why.contains(flag), "{flag} in {why}");
+    }
+    let audit = stdout(&plugin(&["audit", "--help"]));
+    assert!(audit.contains("-A, --all-namespaces"), "{audit}");
+    let err = plugin(&["why"]);
+    assert_eq!(err.status.code(), Some(2));
+    assert!(
+        stderr(&err).contains("kubectl tollgate why"),
+        "{}",
+        stderr(&err)
+    );
+    let own = stdout(&tollgate(&["why", "--help"], None));
+    assert!(
+        own.contains("Usage: tollgate why [OPTIONS] <KIND/NAME>"),
+        "{own}"
+    );
+
+    let text = std::fs::read_to_string(common::root().join("deploy/krew/tollgate.yaml")).unwrap();
+    let m: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    assert_eq!(
+        m["apiVersion"],
+        "krew.googlecontainertools.github.com/v1alpha2"
+    );
+    assert_eq!(m["kind"], "Plugin");
+    assert_eq!(
+        m["metadata"]["name"], "tollgate",
+        "krew: named after the file"
+    );
+    for key in ["version", "shortDescription", "description"] {
+        assert!(
+            m["spec"][key].as_str().is_some_and(|s| !s.is_empty()),
+            "{key}"
+        );
+    }
+    let platforms = m["spec"]["platforms"].as_array().unwrap();
+    assert!(!platforms.is_empty());
+    for p in platforms {
+        let labels = &p["selector"]["matchLabels"];
+        assert!(
+            labels["os"].is_string() && labels["arch"].is_string(),
+            "{p}"
+        );
+        assert_eq!(p["bin"], "kubectl-tollgate", "{p}");
+        assert!(p["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["from"] == "kubectl-tollgate"));
+        assert!(p["uri"].as_str().unwrap().contains("VERSION"), "{p}");
+        assert!(
+            p["sha256"].as_str().unwrap().starts_with("SHA256_OF_"),
+            "{p}"
+        );
+    }
+}
+
+/// `why` without a cluster: one line, exit 2; a kind tollgate does not judge is said with
+/// the kinds it does.
+#[test]
+fn why_needs_a_cluster_and_a_kind_it_judges() {
+    let out = tollgate(&["why", "pod/x"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("no kubeconfig found"),
+        "{}",
+        stderr(&out)
+    );
+    let out = tollgate(&["why", "x"], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("KIND/NAME or KIND NAME"),
+        "{}",
+        stderr(&out)
+    );
+}

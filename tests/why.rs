@@ -552,6 +552,28 @@ async fn policy_and_audit_read_the_live_policy_objects() {
         "{}",
         stderr(&out)
     );
+    // A pod without requests: the built-in policy refuses it, her profile only warns.
+    let dir = tempfile::tempdir().unwrap();
+    let pod = dir.path().join("pod.yaml");
+    std::fs::write(
+        &pod,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: nb}\nspec:\n  containers:\n  - {name: jupyter, image: jupyter/base:1}\n",
+    )
+    .unwrap();
+    let pod = pod.to_str().unwrap();
+    let out = run("erin", &["review", pod, "-n", &ns]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains("could not read the cluster's TollgatePolicy"),
+        "{}",
+        stderr(&out)
+    );
 
     // With the viewer role as deploy/base ships it (bound here to her alone, not to every
     // authenticated user as shipped, so that the plane's other tests keep their answers).
@@ -599,6 +621,29 @@ async fn policy_and_audit_read_the_live_policy_objects() {
         "{}{}",
         stdout(&out),
         stderr(&out)
+    );
+    let out = run("erin", &["review", pod, "-n", &ns]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains(&format!(
+            "reviewed with the TollgatePolicy and TollgateProfiles of the cluster at {}",
+            cp.url
+        )),
+        "{}",
+        stderr(&out)
+    );
+    let out = run("erin", &["review", pod, "-n", &ns, "--local"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the built-in policy refuses it: {}",
+        stdout(&out)
     );
 
     for o in [&binding, viewer, &profile, &policy] {

@@ -104,6 +104,14 @@ pub struct ReviewArgs {
     /// any; `kubernetes.io/metadata.name` is always set, as the apiserver does].
     #[arg(long, value_parser = parse_labels)]
     pub namespace_labels: Option<BTreeMap<String, String>>,
+    /// The cluster whose TollgatePolicy and the TollgateProfiles of the input's namespaces
+    /// to judge with, read when a kubeconfig is found and no --cluster-state is given
+    /// (those of the input replace them by name).
+    #[command(flatten)]
+    pub cluster: super::kubectl::ClusterFlags,
+    /// Read no cluster: the policy file and the input alone (as without a kubeconfig).
+    #[arg(long)]
+    pub local: bool,
 }
 
 pub(super) fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
@@ -120,8 +128,11 @@ pub(super) fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, Strin
 #[derive(Debug)]
 struct Unusable(String);
 
+/// The marker of an [`Unusable`] that is the cluster's TollgatePolicy unread (exit 3).
+const UNREADABLE: &str = "could not read the cluster's TollgatePolicy";
+
 /// Runs `tollgate review`; returns the exit status: 0 every object allowed, 1 one denied,
-/// 2 unusable input or policy.
+/// 2 unusable input or policy, 3 the cluster's TollgatePolicy may not be read.
 pub fn run(a: &ReviewArgs) -> i32 {
     match review_inner(a) {
         Ok((text, allowed)) => {
@@ -136,9 +147,58 @@ pub fn run(a: &ReviewArgs) -> i32 {
         }
         Err(Unusable(msg)) => {
             eprintln!("tollgate: {msg}");
-            2
+            if msg.starts_with(UNREADABLE) {
+                objects::UNREADABLE_POLICY
+            } else {
+                2
+            }
         }
     }
+}
+
+/// The cluster's TollgatePolicy and the TollgateProfiles of `namespaces`, as the user may
+/// read them (`objects::from_cluster`), with `given` (the input's) over them; an unread
+/// TollgatePolicy none of `given` replaces is an error ([`UNREADABLE`]).
+fn live_objects(
+    cluster: &super::kubectl::ClusterFlags,
+    namespaces: &std::collections::BTreeSet<String>,
+    given: &PolicyObjects,
+) -> Result<(PolicyObjects, String), Unusable> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Unusable(e.to_string()))?;
+    runtime.block_on(async {
+        let config = cluster
+            .config("pass --local to review with the files alone")
+            .await
+            .map_err(|e| Unusable(format!("{e:#}")))?;
+        let url = config.cluster_url.to_string();
+        let client = kube::Client::try_from(config).map_err(|e| {
+            Unusable(format!("creating a client for the API server at {url}: {e}"))
+        })?;
+        let mut found = PolicyObjects::default();
+        for ns in namespaces {
+            let scope = crate::audit::Namespaces::One(ns.clone());
+            let (objects, unread) = objects::from_cluster(client.clone(), &url, &scope)
+                .await
+                .map_err(Unusable)?;
+            if let Some(line) = objects::unreadable_policy(&unread, given, true) {
+                return Err(Unusable(line));
+            }
+            for u in unread
+                .iter()
+                .filter(|u| u.kind != tollgate_core::POLICY_KIND)
+            {
+                eprintln!(
+                    "tollgate: reviewed without the TollgateProfile of namespace {ns}, which you may not read: {}",
+                    u.why
+                );
+            }
+            found.overlay(objects);
+        }
+        Ok((found, url))
+    })
 }
 
 fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
@@ -190,6 +250,24 @@ fn review_inner(a: &ReviewArgs) -> Result<(String, bool), Unusable> {
     }
     let mut in_input = PolicyObjects::default();
     docs.retain(|d| !in_input.add(&d.file, &d.value));
+    // The live cluster's, where a kubeconfig is found (and no saved state stands for it).
+    if a.cluster_state.is_none() && !a.local && a.cluster.found() {
+        let namespaces: std::collections::BTreeSet<String> = docs
+            .iter()
+            .filter_map(|d| {
+                d.value
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+            })
+            .chain(std::iter::once(default_ns))
+            .map(str::to_owned)
+            .collect();
+        let (live, url) = live_objects(&a.cluster, &namespaces, &in_input)?;
+        eprintln!(
+            "tollgate: reviewed with the TollgatePolicy and TollgateProfiles of the cluster at {url} (--local: the files alone)"
+        );
+        found.overlay(live);
+    }
     found.overlay(in_input);
     let composed = objects::compose(file.as_ref(), &found).map_err(Unusable)?;
     let policy = composed.policy;
