@@ -367,7 +367,7 @@ async fn a_job_whose_pods_pod_security_refused() {
         "{text}"
     );
     assert!(
-        text.contains(&format!("job/admin-caps "))
+        text.contains("job/admin-caps ")
             && text.contains(&format!("Pod Security refused: {}", events[0])),
         "{text}"
     );

@@ -285,7 +285,8 @@ async fn why(a: &WhyArgs) -> Result<Value, Unanswered> {
     // Its Jobs (a CronJob's, a JobSet's) and its pods, by ownerReference.
     let mut owners = BTreeSet::from([uid.clone()]);
     let mut jobs = vec![];
-    if !is_pod && !(resource.kind == "Job" && resource.group == "batch") {
+    let is_job = resource.kind == "Job" && resource.group == "batch";
+    if !is_pod && !is_job {
         let jobs_api = Api::<DynamicObject>::namespaced_with(
             client.clone(),
             &namespace,
@@ -364,7 +365,7 @@ async fn why(a: &WhyArgs) -> Result<Value, Unanswered> {
                         || pods.iter().any(|p| str_at(p, "/metadata/uid") == about)
                 })
                 .collect();
-            all.sort_by_key(|e| last_seen(e));
+            all.sort_by_key(last_seen);
             events = all.iter().map(event_json).collect();
         }
         Err(e) => unread.note(&format!("the events of namespace {namespace}"), e)?,
