@@ -20,6 +20,7 @@
 
 mod cel;
 mod literal;
+mod mutating;
 mod scope;
 mod yaml;
 
@@ -27,6 +28,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use cel::Cel;
 pub use literal::{glob_to_re2, lit};
+pub use mutating::{MAX_CONTAINERS, MUTATE_NAME as MUTATE_EXPORT_NAME};
 use scope::{scopes, Scope};
 use yaml::Node;
 
@@ -44,19 +46,58 @@ pub const FALLBACK_MESSAGE: &str = "some containers of this pod lack required re
      and init container must request them";
 
 /// What the export needs besides the policy.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Options {
-    /// The validating webhook's `namespaceSelector`: the policy selects the same namespaces.
+    /// The webhooks' `namespaceSelector`: the policies select the same namespaces.
     pub namespace_selector: LabelSelector,
     /// Where the policy came from, for the header comment.
     pub source: String,
+    /// The apiserver's minor version the objects are for (Kubernetes 1.`minor`): below 36,
+    /// MutatingAdmissionPolicies are `v1beta1` (1.34 and 1.35, behind a gate). 0: the
+    /// newest, 1.36.
+    pub kubernetes_minor: u32,
+    /// Names for a manifest-based admission bundle (KEP-5793): every object's name ends
+    /// `.static.k8s.io`.
+    pub static_names: bool,
+}
+
+impl Options {
+    /// The apiVersion of the MutatingAdmissionPolicies and their bindings.
+    pub fn map_api_version(&self) -> &'static str {
+        if self.kubernetes_minor != 0 && self.kubernetes_minor < 36 {
+            "admissionregistration.k8s.io/v1beta1"
+        } else {
+            "admissionregistration.k8s.io/v1"
+        }
+    }
+
+    /// An object's name as exported: `validate.tollgate.dev`, or in a static bundle
+    /// `validate.tollgate.static.k8s.io`.
+    pub fn name(&self, name: &str) -> String {
+        match name.strip_suffix(".tollgate.dev") {
+            Some(stem) if self.static_names => format!("{stem}.tollgate.static.k8s.io"),
+            _ => name.to_owned(),
+        }
+    }
 }
 
 /// The YAML to apply, and what the command tells on stderr.
 #[derive(Debug, Clone)]
 pub struct Export {
+    /// Every object, after a header comment.
     pub yaml: String,
     pub notes: Vec<Note>,
+    /// The objects one by one (a policy, then its binding), for a bundle of files.
+    pub objects: Vec<Object>,
+}
+
+/// One exported object.
+#[derive(Debug, Clone)]
+pub struct Object {
+    pub kind: &'static str,
+    pub name: String,
+    /// The object alone, as YAML.
+    pub yaml: String,
 }
 
 impl Export {
@@ -86,6 +127,11 @@ pub enum NoteKind {
 }
 
 /// The ValidatingAdmissionPolicy and binding for `policy`, as YAML, and what was left out.
+///
+/// A namespace whose TollgateProfile changes what validation judges (validation or the
+/// opt-out) is left out of every binding (`matchResources`, by its name) and named: its
+/// pods stay with the validating webhook, never judged by the cluster's policy over the
+/// team's profile.
 pub fn validating_admission_policy(policy: &Policy, options: &Options) -> Export {
     let mut notes = notes(policy);
     let mut yaml = format!(
@@ -93,69 +139,232 @@ pub fn validating_admission_policy(policy: &Policy, options: &Options) -> Export
          # Export again rather than edit: the CEL is the policy's, written out.\n",
         options.source
     );
-    let (differ, alike) = namespace_profiles(policy);
-    if !differ.is_empty() || !alike.is_empty() {
-        yaml.push_str(
-            "# It covers the cluster's policy (the file, the TollgatePolicy, its profiles), \
-             not the namespaces' TollgateProfiles: it judges their pods by the cluster's policy.\n",
-        );
-    }
-    if !differ.is_empty() {
-        yaml.push_str(&format!(
-            "# Not covered (their TollgateProfile changes validation or optOut; the validating \
-             webhook judges them otherwise): {}.\n",
-            differ.join(", ")
-        ));
-    }
-    if !alike.is_empty() {
-        yaml.push_str(&format!(
-            "# Judged alike (their TollgateProfile changes neither validation nor optOut): {}.\n",
-            alike.join(", ")
-        ));
-    }
-    for object in &differ {
+    let judged_alike =
+        |a: &Policy, b: &Policy| a.validation == b.validation && a.opt_out == b.opt_out;
+    let (differ, alike) = namespace_profiles(policy, judged_alike);
+    header_namespaces(&mut yaml, &differ, &alike, "validation or optOut", "validating");
+    for (ns, object) in &differ {
         notes.push(Note {
             kind: NoteKind::Unexported,
             field: "namespaceProfiles",
             text: format!(
-                "not exported: TollgateProfile {object}, which changes validation or optOut \
-                 for its namespace's pods: the exported policy judges them by the cluster's \
-                 policy. Keep the validating webhook for that namespace, or leave the profile \
-                 to mutation"
+                "left to the validating webhook: namespace {ns}, whose TollgateProfile \
+                 {object} changes validation or optOut: the exported bindings do not select \
+                 it (matchResources), so its pods are judged by the webhook alone. Keep the \
+                 validating webhook for that namespace"
             ),
         });
     }
+    let excluded: Vec<&str> = differ.iter().map(|(ns, _)| ns.as_str()).collect();
+    let mut objects = vec![];
     for scope in scopes(policy) {
-        let (vap, binding) = scope_objects(&scope, options);
-        yaml.push_str("---\n");
-        vap.write(&mut yaml, 0);
-        yaml.push_str("---\n");
-        binding.write(&mut yaml, 0);
+        let name = options.name(&scope.name);
+        let (vap, binding) = scope_objects(&scope, &name, options, &excluded);
+        objects.push(object_text("ValidatingAdmissionPolicy", &name, vap));
+        objects.push(object_text("ValidatingAdmissionPolicyBinding", &name, binding));
     }
-    Export { yaml, notes }
+    for o in &objects {
+        yaml.push_str("---\n");
+        yaml.push_str(&o.yaml);
+    }
+    Export {
+        yaml,
+        notes,
+        objects,
+    }
 }
 
-/// The namespaces' TollgateProfiles (`NAMESPACE/NAME`) whose pods the export judges
-/// otherwise than the webhook (validation or the opt-out differ from what the cluster gives
-/// them, over the base or a cluster profile), and those it judges alike. Each namespace
-/// would need its own scopes (the base and every profile, guarded by namespace) to be
-/// covered: not done, and said.
-fn namespace_profiles(policy: &Policy) -> (Vec<String>, Vec<String>) {
-    let judged_alike =
-        |a: &Policy, b: &Policy| a.validation == b.validation && a.opt_out == b.opt_out;
+/// The MutatingAdmissionPolicies and bindings for `policy` (one per scope: the base and
+/// each profile), as YAML, and what was left out: the pods the policies leave to the
+/// mutating webhook, and the namespaces whose TollgateProfile changes their mutation.
+pub fn mutating_admission_policy(policy: &Policy, options: &Options) -> Export {
+    let mut notes = mutating_notes(policy);
+    let mut yaml = format!(
+        "# Generated by `tollgate export mutating-admission-policy` from {}.\n\
+         # Export again rather than edit: the CEL is the policy's, written out.\n\
+         # Left to the mutating webhook (these policies skip them): pods with DRA claims\n\
+         # (resourceClaims: CEL cannot read a claim's device class), pods with pod-level\n\
+         # resources (spec.resources), pods with more than {} containers or init containers.\n",
+        options.source,
+        mutating::MAX_CONTAINERS
+    );
+    let mutated_alike = |a: &Policy, b: &Policy| {
+        a.gpu == b.gpu
+            && a.selection == b.selection
+            && a.opt_out == b.opt_out
+            && a.mutation == b.mutation
+    };
+    let (differ, alike) = namespace_profiles(policy, mutated_alike);
+    header_namespaces(
+        &mut yaml,
+        &differ,
+        &alike,
+        "gpu, selection, optOut or mutation",
+        "mutating",
+    );
+    for (ns, object) in &differ {
+        notes.push(Note {
+            kind: NoteKind::Unexported,
+            field: "namespaceProfiles",
+            text: format!(
+                "left to the mutating webhook: namespace {ns}, whose TollgateProfile \
+                 {object} changes what mutation does: the exported bindings do not select \
+                 it (matchResources). Keep the mutating webhook for that namespace"
+            ),
+        });
+    }
+    let excluded: Vec<&str> = differ.iter().map(|(ns, _)| ns.as_str()).collect();
+    let mut objects = vec![];
+    for scope in mutating::map_scopes(policy) {
+        if !mutating::mutates(scope.policy) {
+            continue;
+        }
+        mutating::scope_notes(&scope, &mut notes);
+        let spec = mutating::spec(&scope, match_constraints(options));
+        let name = options.name(&scope.name);
+        let mut binding = vec![("policyName", Node::string(&name))];
+        if let Some(m) = match_resources(&excluded) {
+            binding.push(("matchResources", m));
+        }
+        for (kind, spec) in [
+            ("MutatingAdmissionPolicy", spec),
+            ("MutatingAdmissionPolicyBinding", Node::Map(binding.clone())),
+        ] {
+            let node = object_with(kind, &name, options.map_api_version(), spec);
+            objects.push(object_text(kind, &name, node));
+        }
+    }
+    if objects.is_empty() {
+        yaml.push_str("# The policy mutates no pod CREATE: nothing to export.\n");
+    }
+    for o in &objects {
+        yaml.push_str("---\n");
+        yaml.push_str(&o.yaml);
+    }
+    Export {
+        yaml,
+        notes,
+        objects,
+    }
+}
+
+/// What the mutating export leaves to the webhook.
+fn mutating_notes(policy: &Policy) -> Vec<Note> {
+    let mut notes = vec![Note {
+        kind: NoteKind::StaysWithWebhook,
+        field: "mutation",
+        text: format!(
+            "left to the mutating webhook: pods with DRA claims (a policy cannot read the \
+             ResourceClaim or template that names the device class), pods with pod-level \
+             resources (the sidecar's share of the pod's budget), pods with more than {} \
+             containers or init containers. Keep the mutating webhook registered for them, \
+             or accept that they are admitted unmutated",
+            mutating::MAX_CONTAINERS
+        ),
+    }];
+    notes.push(Note {
+        kind: NoteKind::Differs,
+        field: "mutation",
+        text: "the webhook's warnings (what each step added, a volume or port left to the \
+               user) are not given: a MutatingAdmissionPolicy warns of nothing. Feasibility \
+               and what needs the cluster's nodes, quotas and claims stay with the webhooks"
+            .into(),
+    });
+    if policy.workloads.enabled {
+        notes.push(Note {
+            kind: NoteKind::StaysWithWebhook,
+            field: "workloads",
+            text: "left to the webhooks: the opt-out approval the mutating webhook stamps on \
+                   workload templates (the requester's name, which the pod's policy cannot \
+                   see when its controller creates it), and the review of workloads"
+                .into(),
+        });
+    }
+    notes
+}
+
+/// The header lines that name the namespaces' TollgateProfiles.
+fn header_namespaces(
+    yaml: &mut String,
+    differ: &[(String, String)],
+    alike: &[String],
+    fields: &str,
+    webhook: &str,
+) {
+    if !differ.is_empty() {
+        let names: Vec<String> = differ
+            .iter()
+            .map(|(ns, object)| format!("{ns} ({object})"))
+            .collect();
+        yaml.push_str(&format!(
+            "# Left to the {webhook} webhook (their TollgateProfile changes {fields}; the \
+             bindings do not select them): {}.\n",
+            names.join(", ")
+        ));
+    }
+    if !alike.is_empty() {
+        yaml.push_str(&format!(
+            "# Covered alike (their TollgateProfile changes none of {fields}): {}.\n",
+            alike.join(", ")
+        ));
+    }
+}
+
+/// A binding's `matchResources` that leaves out the namespaces named, or None.
+fn match_resources(excluded: &[&str]) -> Option<Node> {
+    if excluded.is_empty() {
+        return None;
+    }
+    Some(Node::Map(vec![(
+        "namespaceSelector",
+        Node::Map(vec![(
+            "matchExpressions",
+            Node::List(vec![Node::Map(vec![
+                ("key", Node::string(NAMESPACE_NAME_LABEL)),
+                ("operator", Node::plain("NotIn")),
+                (
+                    "values",
+                    Node::List(excluded.iter().map(|n| Node::string(n)).collect()),
+                ),
+            ])]),
+        )]),
+    )]))
+}
+
+/// The label every namespace carries with its name.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+fn object_text(kind: &'static str, name: &str, node: Node) -> Object {
+    let mut yaml = String::new();
+    node.write(&mut yaml, 0);
+    Object {
+        kind,
+        name: name.to_owned(),
+        yaml,
+    }
+}
+
+/// The namespaces' TollgateProfiles whose pods the export would treat otherwise than the
+/// webhook (`alike` says whether two policies agree on what the export carries, over the
+/// base or a cluster profile), as (namespace, `NAMESPACE/NAME`), and those treated alike
+/// (`NAMESPACE/NAME`).
+fn namespace_profiles(
+    policy: &Policy,
+    alike_for: impl Fn(&Policy, &Policy) -> bool,
+) -> (Vec<(String, String)>, Vec<String>) {
     let (mut differ, mut alike) = (vec![], vec![]);
-    for n in policy.layers.namespaces.values() {
-        let over_base = judged_alike(&n.over_base.policy, policy);
+    for (ns, n) in &policy.layers.namespaces {
+        let over_base = alike_for(&n.over_base.policy, policy);
         let over_profiles = n.over_profiles.iter().enumerate().all(|(i, r)| {
             match (r, policy.profiles.get(i).and_then(|p| p.policy())) {
-                (Some(r), Some(theirs)) => judged_alike(&r.policy, theirs),
+                (Some(r), Some(theirs)) => alike_for(&r.policy, theirs),
                 _ => true,
             }
         });
         if over_base && over_profiles {
             alike.push(n.object.clone());
         } else {
-            differ.push(n.object.clone());
+            differ.push((ns.clone(), n.object.clone()));
         }
     }
     (differ, alike)
@@ -260,7 +469,12 @@ fn validates(v: &Validation) -> bool {
     v.enabled && v.operations.contains(&Operation::Create)
 }
 
-fn scope_objects(scope: &Scope<'_>, options: &Options) -> (Node, Node) {
+fn scope_objects(
+    scope: &Scope<'_>,
+    name: &str,
+    options: &Options,
+    excluded: &[&str],
+) -> (Node, Node) {
     let v = scope.validation;
     let mut spec = vec![
         ("failurePolicy", Node::plain("Fail")),
@@ -284,26 +498,30 @@ fn scope_objects(scope: &Scope<'_>, options: &Options) -> (Node, Node) {
             ])]),
         ));
     }
-    let vap = object("ValidatingAdmissionPolicy", &scope.name, Node::Map(spec));
+    let vap = object("ValidatingAdmissionPolicy", name, Node::Map(spec));
     let action = match v.mode {
         Mode::Enforce => "Deny",
         Mode::Warn => "Warn",
         Mode::Audit => "Audit",
     };
-    let binding = object(
-        "ValidatingAdmissionPolicyBinding",
-        &scope.name,
-        Node::Map(vec![
-            ("policyName", Node::string(&scope.name)),
-            ("validationActions", Node::List(vec![Node::plain(action)])),
-        ]),
-    );
+    let mut binding = vec![
+        ("policyName", Node::string(name)),
+        ("validationActions", Node::List(vec![Node::plain(action)])),
+    ];
+    if let Some(m) = match_resources(excluded) {
+        binding.push(("matchResources", m));
+    }
+    let binding = object("ValidatingAdmissionPolicyBinding", name, Node::Map(binding));
     (vap, binding)
 }
 
 fn object(kind: &str, name: &str, spec: Node) -> Node {
+    object_with(kind, name, "admissionregistration.k8s.io/v1", spec)
+}
+
+fn object_with(kind: &str, name: &str, api_version: &str, spec: Node) -> Node {
     Node::Map(vec![
-        ("apiVersion", Node::plain("admissionregistration.k8s.io/v1")),
+        ("apiVersion", Node::plain(api_version)),
         ("kind", Node::plain(kind)),
         (
             "metadata",
