@@ -329,7 +329,7 @@ impl<'a> MapCel<'a> {
         ];
         let m = &p.mutation;
         if m.gpu_tolerations.enabled {
-            vars.push(("tolerationPatch", self.toleration_patch()));
+            vars.extend(self.toleration_vars());
         }
         if m.driver_mounts.enabled {
             for (i, patch) in self.driver_patches().into_iter().enumerate() {
@@ -342,7 +342,7 @@ impl<'a> MapCel<'a> {
             vars.push(("sidecarAnnotationPatch", self.sidecar_annotation_patch()));
         }
         if m.default_resources.enabled {
-            vars.push(("limitsPatch", self.limits_patch()));
+            vars.extend(self.limits_vars());
             vars.push(("equalLimitsPatch", self.equal_limits_patch()));
         }
         vars.push(("appliedPatch", self.applied_patch(&vars)));
@@ -366,7 +366,7 @@ impl<'a> MapCel<'a> {
     /// The tolerations the pod's classes call for and the pod lacks, in the webhook's
     /// order (sorted by key, operator, value, effect; one already on the pod, or one added
     /// before, that covers a wanted one means it is not added).
-    fn toleration_patch(&self) -> String {
+    fn toleration_vars(&self) -> Vec<(&'static str, String)> {
         // Fixed candidates: a class's own list, or one per resource name it lists (not a
         // glob) and per implicit DRA name. Dynamic: the pod's resources of a class without
         // a list that match a glob, and every extended resource under
@@ -435,6 +435,7 @@ impl<'a> MapCel<'a> {
         }
         fixed.sort_by(|a, b| toleration_order(&a.0).cmp(&toleration_order(&b.0)));
         let existing = "(has(object.spec.tolerations) ? object.spec.tolerations : [])";
+        let mut vars: Vec<(&'static str, String)> = vec![];
         let wanted = if dynamic.is_empty() {
             // In the webhook's order already; each added unless the pod's or an earlier
             // one covers it.
@@ -472,37 +473,38 @@ impl<'a> MapCel<'a> {
                     "({d}).flatten().map(r, {{'key': dyn(r), 'operator': dyn('Exists'), 'effect': dyn('NoSchedule')}})"
                 ));
             }
-            let all = parts.join(" + ");
             let sort_key = |t: &str| {
                 format!(
                     "({t}.key + '\\u0000' + ('operator' in {t} ? string({t}.operator) : '') + '\\u0000' + ('value' in {t} ? string({t}.value) : '') + '\\u0000' + ('effect' in {t} ? string({t}.effect) : ''))"
                 )
             };
-            let rank = |x: &str| {
-                format!(
-                    "({all}).filter(y, {} < {}).size()",
-                    sort_key("y"),
-                    sort_key(x)
-                )
-            };
-            let sorted = format!(
-                "variables.idx.filter(i, ({all}).exists(x, {rx} == i)).map(i, ({all}).filter(x, {rx} == i)[0])",
-                rx = rank("x")
-            );
+            vars.push(("tolCandidates", gate_value(&parts.join(" + "))));
+            vars.push((
+                "tolKeys",
+                format!("variables.tolCandidates.map(x, {})", sort_key("x")),
+            ));
+            vars.push((
+                "tolSorted",
+                "variables.idx.filter(i, variables.tolKeys.exists(x, variables.tolKeys.filter(y, y < x).size() == i)).map(i, variables.tolCandidates[variables.idx.filter(j, j < variables.tolKeys.size() && variables.tolKeys.filter(y, y < variables.tolKeys[j]).size() == i)[0]])".into(),
+            ));
             format!(
-                "{sorted}.filter(w, !{existing}.exists(t, {c}) && !({sorted}).exists(u, {su} < {sw} && {cu}))",
+                "variables.tolSorted.filter(w, !{existing}.exists(t, {c}) && !variables.tolSorted.exists(u, {su} < {sw} && {cu}))",
                 c = covers_cel("t", &dyn_fields("w")),
                 su = sort_key("u"),
                 sw = sort_key("w"),
                 cu = covers_cel("u", &dyn_fields("w")),
             )
         };
-        let wanted = format!("({wanted})");
-        gate(&format!(
-            "{wanted}.size() == 0 ? [] : has(object.spec.tolerations) \
-             ? {wanted}.map(t, JSONPatch{{op: 'add', path: '/spec/tolerations/-', value: t}}) \
-             : [JSONPatch{{op: 'add', path: '/spec/tolerations', value: {wanted}}}]"
-        ))
+        vars.push(("tolWanted", gate_value(&wanted)));
+        vars.push((
+            "tolerationPatch",
+            gate(
+                "variables.tolWanted.size() == 0 ? [] : has(object.spec.tolerations) \
+                 ? variables.tolWanted.map(t, JSONPatch{op: 'add', path: '/spec/tolerations/-', value: t}) \
+                 : [JSONPatch{op: 'add', path: '/spec/tolerations', value: variables.tolWanted}]",
+            ),
+        ));
+        vars
     }
 
     // -----------------------------------------------------------------------------------
@@ -750,9 +752,10 @@ impl<'a> MapCel<'a> {
     // -----------------------------------------------------------------------------------
     // Default limits.
 
-    /// The default limits each container lacks (`default_resources::fill`): one patch
-    /// list over both container lists.
-    fn limits_patch(&self) -> String {
+    /// The default limits each container lacks (`default_resources::fill`), as variables:
+    /// each GPU container's GPU counts, its per-GPU totals (in thousandths) per resource,
+    /// the `[name, value]` pairs each container gets, and the patch.
+    fn limits_vars(&self) -> Vec<(&'static str, String)> {
         let dr = &self.p.mutation.default_resources;
         let mut names: Vec<&String> = dr.limits.keys().collect();
         for k in dr
@@ -764,27 +767,66 @@ impl<'a> MapCel<'a> {
                 names.push(k);
             }
         }
+        let mut vars: Vec<(&'static str, String)> = vec![];
         let mut parts = vec![];
         for (key, list) in LISTS {
+            let side = if key == "initContainers" { "Init" } else { "Main" };
             let c = format!("{list}[i]");
-            let gpu = format!(
-                "variables.{}[i]",
-                if key == "initContainers" {
-                    "gpuInit"
-                } else {
-                    "gpuMain"
-                }
+            let gpu = format!("variables.gpu{side}[i]");
+            let count = format!(
+                "(quantity(string(has({c}.resources.requests) && r in {c}.resources.requests ? {c}.resources.requests[r] : {c}.resources.limits[r])).isInteger() \
+                 ? quantity(string(has({c}.resources.requests) && r in {c}.resources.requests ? {c}.resources.requests[r] : {c}.resources.limits[r])).asInteger() : 0)"
             );
+            vars.push((
+                leak(format!("counts{side}")),
+                format!("variables.idx.filter(i, i < {list}.size()).map(i, {gpu}.map(r, {count}))"),
+            ));
             let mut adds = vec![];
-            for n in &names {
-                if let Some(a) = self.default_add(n, &c, &gpu) {
+            for (j, n) in names.iter().enumerate() {
+                // Per class: its per-GPU default of n, if any, in thousandths.
+                let per: Vec<(&str, i64)> = self
+                    .classes
+                    .iter()
+                    .filter_map(|(name, class)| {
+                        let q = class.per_gpu.get(*n).or(dr.per_gpu.get(*n))?;
+                        Some((*name, milli(q)?))
+                    })
+                    .collect();
+                let total = if per.is_empty() {
+                    None
+                } else {
+                    let mut factor = "0".to_owned();
+                    for (class, m) in per.iter().rev() {
+                        factor = format!(
+                            "(variables.classes{side}[i][k] == {} ? {m} : {factor})",
+                            lit(class)
+                        );
+                    }
+                    let var = leak(format!("perGpu{j}{side}"));
+                    vars.push((
+                        var,
+                        format!(
+                            "variables.idx.filter(i, i < {list}.size()).map(i, variables.idx.filter(k, k < {gpu}.size()).map(k, variables.counts{side}[i][k] * {factor}).sum())"
+                        ),
+                    ));
+                    Some(format!("variables.{var}[i]"))
+                };
+                if let Some(a) = self.default_add(n, &c, &gpu, total.as_deref()) {
                     adds.push(a);
                 }
             }
             if adds.is_empty() {
                 continue;
             }
-            let adds = format!("({})", adds.join(" + "));
+            let var = leak(format!("limits{side}"));
+            vars.push((
+                var,
+                format!(
+                    "variables.idx.filter(i, i < {list}.size()).map(i, {})",
+                    adds.join(" + ")
+                ),
+            ));
+            let adds = format!("variables.{var}[i]");
             parts.push(format!(
                 "variables.idx.filter(i, i < {list}.size() && {adds}.size() > 0).map(i, \
                  (has({c}.resources) ? [] : [JSONPatch{{op: 'add', path: '/spec/{key}/' + string(i) + '/resources', value: {{}}}}]) + \
@@ -792,64 +834,42 @@ impl<'a> MapCel<'a> {
                  {adds}.map(a, JSONPatch{{op: 'add', path: '/spec/{key}/' + string(i) + '/resources/limits/' + a[0].replace('~', '~0').replace('/', '~1'), value: a[1]}})).flatten()"
             ));
         }
-        if parts.is_empty() {
-            return "[]".into();
+        let patch = if parts.is_empty() {
+            "[]".to_owned()
+        } else {
+            gate(&parts.join(" + "))
+        };
+        // The pairs are read only through the patch: computed for the pods it mutates.
+        for (_, e) in vars.iter_mut() {
+            *e = gate_value(e);
         }
-        gate(&parts.join(" + "))
+        vars.push(("limitsPatch", patch));
+        vars
     }
 
     /// `[[name, value]]` when container `c` (CEL) lacks a limit of `n` and has a default
     /// for it, else `[]`; None when the policy has no default of `n` for any container.
-    fn default_add(&self, n: &str, c: &str, gpu: &str) -> Option<String> {
+    /// `total`: the container's per-GPU total of `n` in thousandths (CEL int), where some
+    /// class has a per-GPU default of it.
+    fn default_add(&self, n: &str, c: &str, gpu: &str, total: Option<&str>) -> Option<String> {
         let dr = &self.p.mutation.default_resources;
-        // Per class: its per-GPU default of n, if any.
-        let per: Vec<(&str, i64)> = self
-            .classes
-            .iter()
-            .filter_map(|(name, class)| {
-                let q = class.per_gpu.get(n).or(dr.per_gpu.get(n))?;
-                Some((*name, milli(q)?))
-            })
-            .collect();
         let flat = dr
             .limits
             .get(n)
             .and_then(|q| quantity::parse(&q.0).ok())
             .map(|nano| quantity::format_for(n, nano));
-        if per.is_empty() && flat.is_none() {
+        if total.is_none() && flat.is_none() {
             return None;
         }
         let ln = lit(n);
         let has_limit = format!("(has({c}.resources) && has({c}.resources.limits) && {ln} in {c}.resources.limits)");
         let request = format!("{c}.resources.requests[{ln}]");
         let has_request = format!("(has({c}.resources) && has({c}.resources.requests) && {ln} in {c}.resources.requests)");
-        // The count of a GPU resource r of the container: its request, else its limit.
-        let count = format!(
-            "(quantity(string(has({c}.resources.requests) && r in {c}.resources.requests ? {c}.resources.requests[r] : {c}.resources.limits[r])).isInteger() \
-             ? quantity(string(has({c}.resources.requests) && r in {c}.resources.requests ? {c}.resources.requests[r] : {c}.resources.limits[r])).asInteger() : 0)"
-        );
-        // The per-GPU total in thousandths, 0 when no GPU of the container has one.
-        let total = if per.is_empty() {
-            "0".to_owned()
-        } else {
-            let terms: Vec<String> = per
-                .iter()
-                .map(|(class, m)| {
-                    format!(
-                        "{gpu}.filter(r, {cls} == {k}).map(r, {count} * {m})",
-                        cls = self.class_of("r"),
-                        k = lit(class)
-                    )
-                })
-                .collect();
-            format!("({}).sum()", terms.join(" + "))
-        };
-        let per_value = format_milli_cel(n, "variables_total");
-        let flat_value = flat.as_deref().map(lit);
+        let flat_value = flat.as_deref().map_or_else(|| "''".to_owned(), lit);
         // The default as a CEL string, or '' for none.
-        let default = match &flat_value {
-            Some(f) => format!("({total} > 0 ? {} : {f})", per_value.replace("variables_total", &format!("({total})"))),
-            None => format!("({total} > 0 ? {} : '')", per_value.replace("variables_total", &format!("({total})"))),
+        let default = match total {
+            Some(t) => format!("({t} > 0 ? {} : {flat_value})", format_milli_cel(n, t)),
+            None => flat_value,
         };
         // A flat-only resource applies to every container; per-GPU only with GPUs.
         let applies = if flat.is_some() {
@@ -1015,6 +1035,11 @@ impl<'a> MapCel<'a> {
 
 /// `expr` (a list of JSONPatch) only for the pods this policy mutates.
 fn gate(expr: &str) -> String {
+    format!("!variables.go ? [] : {expr}")
+}
+
+/// `expr` (a list) computed only for the pods this policy mutates.
+fn gate_value(expr: &str) -> String {
     format!("!variables.go ? [] : {expr}")
 }
 
