@@ -65,8 +65,7 @@ struct Case {
 /// The export's objects for a world: selecting only its namespaces, named after it.
 fn world_objects(w: &World) -> Vec<Value> {
     let options = ExportOptions {
-        namespace_selector: serde_json::from_value(json!({"matchLabels": {WORLD: w.tag}}))
-            .unwrap(),
+        namespace_selector: serde_json::from_value(json!({"matchLabels": {WORLD: w.tag}})).unwrap(),
         source: w.tag.clone(),
         ..Default::default()
     };
@@ -117,10 +116,7 @@ fn webhook(policy: &Policy, case: &Case) -> Value {
     let mut cluster = Objects::complete();
     let mut labels: BTreeMap<String, String> =
         serde_json::from_value(case.labels.clone()).unwrap_or_default();
-    labels.insert(
-        "kubernetes.io/metadata.name".into(),
-        case.namespace.clone(),
-    );
+    labels.insert("kubernetes.io/metadata.name".into(), case.namespace.clone());
     cluster.add_namespace(
         serde_json::from_value(json!({"metadata": {"name": case.namespace, "labels": labels}}))
             .unwrap(),
@@ -168,8 +164,7 @@ fn golden_worlds_and_cases() -> (Vec<World>, Vec<Case>) {
             continue;
         }
         let review = case.review();
-        if review["request"]["kind"]["kind"] != "Pod"
-            || review["request"]["operation"] != "CREATE"
+        if review["request"]["kind"]["kind"] != "Pod" || review["request"]["operation"] != "CREATE"
         {
             continue;
         }
@@ -196,7 +191,9 @@ fn golden_worlds_and_cases() -> (Vec<World>, Vec<Case>) {
         let labels = case
             .context()
             .into_iter()
-            .find(|d| d["kind"] == "Namespace" && d["metadata"]["name"] == review["request"]["namespace"])
+            .find(|d| {
+                d["kind"] == "Namespace" && d["metadata"]["name"] == review["request"]["namespace"]
+            })
             .map_or(json!({}), |d| d["metadata"]["labels"].clone());
         let (user, groups) = case.requester();
         if !admission::sendable(&user) || groups.iter().any(|g| !admission::sendable(g)) {
@@ -208,7 +205,11 @@ fn golden_worlds_and_cases() -> (Vec<World>, Vec<Case>) {
             what: format!("golden case {}", case.name),
             world,
             namespace: ns,
-            labels: if labels.is_object() { labels } else { json!({}) },
+            labels: if labels.is_object() {
+                labels
+            } else {
+                json!({})
+            },
             pod,
             user: (!user.is_empty()).then_some((user, groups)),
         });
@@ -256,8 +257,9 @@ async fn the_apiserver_stores_pods_as_the_webhook_does() {
         }
         let mut labels = c.labels.clone();
         labels[WORLD] = json!(worlds[c.world].tag);
-        let ns = serde_json::from_value(json!({"metadata": {"name": c.namespace, "labels": labels}}))
-            .unwrap();
+        let ns =
+            serde_json::from_value(json!({"metadata": {"name": c.namespace, "labels": labels}}))
+                .unwrap();
         namespaces.create(&Default::default(), &ns).await.unwrap();
         admission::let_anyone_create_pods(&admin, &c.namespace).await;
         made.push(c.namespace.clone());
@@ -267,13 +269,17 @@ async fn the_apiserver_stores_pods_as_the_webhook_does() {
         for o in world_objects(w) {
             admission::create(&admin, &o, false)
                 .await
-                .unwrap_or_else(|e| panic!("world {}: {} refused: {e}", w.tag, o["metadata"]["name"]));
+                .unwrap_or_else(|e| {
+                    panic!("world {}: {} refused: {e}", w.tag, o["metadata"]["name"])
+                });
             installed.push(o);
         }
     }
     // In force: a training pod of each world comes back with the applied annotation.
     for (i, w) in worlds.iter().enumerate() {
-        let Some(c) = cases.iter().find(|c| c.world == i) else { continue };
+        let Some(c) = cases.iter().find(|c| c.world == i) else {
+            continue;
+        };
         let probe = json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "probe", "annotations": {"tollgate.dev/training": "true"},
                 "labels": {"batch.kubernetes.io/job-name": "probe"}},
@@ -282,7 +288,9 @@ async fn the_apiserver_stores_pods_as_the_webhook_does() {
         let key = w.policy.mutation.applied_annotation.clone();
         loop {
             let a = admission::dry_run_pod(&admin, &c.namespace, &probe, None).await;
-            if a.object.as_ref().is_some_and(|o| o["metadata"]["annotations"].get(&key).is_some())
+            if a.object
+                .as_ref()
+                .is_some_and(|o| o["metadata"]["annotations"].get(&key).is_some())
                 || started.elapsed() > Duration::from_secs(60)
             {
                 break;
@@ -315,9 +323,10 @@ async fn the_apiserver_stores_pods_as_the_webhook_does() {
     let (mut compared, mut refused, mut left) = (0, 0, 0);
     for (c, expected, sent, again, plain_answer) in &results {
         let show = |a: &Answer| {
-            a.object
-                .as_ref()
-                .map_or_else(|| format!("refused: {:?}", a.message), |o| serde_json::to_string(&comparable(o)).unwrap())
+            a.object.as_ref().map_or_else(
+                || format!("refused: {:?}", a.message),
+                |o| serde_json::to_string(&comparable(o)).unwrap(),
+            )
         };
         if sent.allowed() != again.allowed() {
             failures.push(format!(
@@ -333,7 +342,10 @@ async fn the_apiserver_stores_pods_as_the_webhook_does() {
             continue;
         }
         let Some(webhooks) = plain_answer.object.as_ref() else {
-            failures.push(format!("{}: the webhook's pod is refused: {:?}", c.what, plain_answer.message));
+            failures.push(format!(
+                "{}: the webhook's pod is refused: {:?}",
+                c.what, plain_answer.message
+            ));
             continue;
         };
         let want = comparable(webhooks);
@@ -377,4 +389,93 @@ async fn the_apiserver_stores_pods_as_the_webhook_does() {
         failures.join("\n\n")
     );
     assert!(compared > 60, "{compared} pods compared");
+}
+
+/// `--static DIR`: a manifest-based admission bundle (KEP-5793): one folder per admission
+/// plugin and nothing else, each file a policy with its binding, every object v1 and named
+/// `*.static.k8s.io`, without parameters; a stale manifest removed; refused below 1.36.
+#[test]
+fn the_static_bundle_is_one_folder_per_plugin_of_static_v1_objects() {
+    let dir = std::env::temp_dir().join(format!("tollgate-static-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("mutating-admission-policies")).unwrap();
+    std::fs::write(dir.join("mutating-admission-policies/stale.yaml"), "x: 1\n").unwrap();
+    for (what, folder, kinds) in [
+        (
+            "validating-admission-policy",
+            "validating-admission-policies",
+            [
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
+            ],
+        ),
+        (
+            "mutating-admission-policy",
+            "mutating-admission-policies",
+            ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"],
+        ),
+    ] {
+        let out = common::bin::command()
+            .args(["export", what, "--static"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.stdout.is_empty());
+        let files: Vec<PathBuf> = std::fs::read_dir(dir.join(folder))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert!(!files.is_empty());
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+            assert_eq!(docs.len(), 2, "{}: a policy and its binding", f.display());
+            for d in &docs {
+                assert_eq!(d["apiVersion"], "admissionregistration.k8s.io/v1");
+                assert!(kinds.contains(&d["kind"].as_str().unwrap()), "{d}");
+                let name = d["metadata"]["name"].as_str().unwrap();
+                assert!(name.ends_with(".static.k8s.io"), "{name}");
+                assert!(
+                    d["spec"].get("paramKind").is_none() && d["spec"].get("paramRef").is_none()
+                );
+                assert_eq!(
+                    f.file_name().unwrap().to_str().unwrap(),
+                    format!("{name}.yaml")
+                );
+            }
+            assert_eq!(docs[1]["spec"]["policyName"], docs[0]["metadata"]["name"]);
+        }
+    }
+    let mut top: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    top.sort();
+    assert_eq!(
+        top,
+        [
+            "mutating-admission-policies",
+            "validating-admission-policies"
+        ]
+    );
+    assert!(!dir.join("mutating-admission-policies/stale.yaml").exists());
+    let out = common::bin::command()
+        .args([
+            "export",
+            "mutating-admission-policy",
+            "--kubernetes-version",
+            "1.35",
+            "--static",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("v1 objects only"));
+    let _ = std::fs::remove_dir_all(&dir);
 }

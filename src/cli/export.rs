@@ -168,7 +168,11 @@ fn export(a: &ExportFlags, mutating: bool) -> Result<i32, String> {
         );
         return Ok(0);
     }
-    Ok(if super::kubectl::print(&out.yaml) { 0 } else { 2 })
+    Ok(if super::kubectl::print(&out.yaml) {
+        0
+    } else {
+        2
+    })
 }
 
 /// `1.34`, `v1.35.2`: the minor version, one of those the export knows.

@@ -142,7 +142,13 @@ pub fn validating_admission_policy(policy: &Policy, options: &Options) -> Export
     let judged_alike =
         |a: &Policy, b: &Policy| a.validation == b.validation && a.opt_out == b.opt_out;
     let (differ, alike) = namespace_profiles(policy, judged_alike);
-    header_namespaces(&mut yaml, &differ, &alike, "validation or optOut", "validating");
+    header_namespaces(
+        &mut yaml,
+        &differ,
+        &alike,
+        "validation or optOut",
+        "validating",
+    );
     for (ns, object) in &differ {
         notes.push(Note {
             kind: NoteKind::Unexported,
@@ -161,7 +167,11 @@ pub fn validating_admission_policy(policy: &Policy, options: &Options) -> Export
         let name = options.name(&scope.name);
         let (vap, binding) = scope_objects(&scope, &name, options, &excluded);
         objects.push(object_text("ValidatingAdmissionPolicy", &name, vap));
-        objects.push(object_text("ValidatingAdmissionPolicyBinding", &name, binding));
+        objects.push(object_text(
+            "ValidatingAdmissionPolicyBinding",
+            &name,
+            binding,
+        ));
     }
     for o in &objects {
         yaml.push_str("---\n");
@@ -370,9 +380,10 @@ fn namespace_profiles(
     (differ, alike)
 }
 
-/// Whether the export carries what mutation step `step` does. None can be: a
-/// ValidatingAdmissionPolicy cannot mutate, so each stays with the mutating webhook and is
-/// named in the notes. (A MutatingAdmissionPolicy export would answer here, step by step.)
+/// Whether the ValidatingAdmissionPolicy export carries what mutation step `step` does.
+/// None can be: a ValidatingAdmissionPolicy cannot mutate, so each stays with the mutating
+/// webhook, or with the MutatingAdmissionPolicies of `mutating_admission_policy`, which
+/// carry every step (`mutating`), and is named in the notes.
 fn exported(step: Step) -> bool {
     match step {
         Step::Tolerations | Step::DriverMounts | Step::MetricsSidecar | Step::DefaultResources => {
@@ -394,7 +405,8 @@ fn notes(policy: &Policy) -> Vec<Note> {
             field: "mutation",
             text: format!(
                 "not exported: the mutation steps ({}). A ValidatingAdmissionPolicy cannot \
-                 mutate: keep the mutating webhook. The policy runs after mutating admission \
+                 mutate: keep the mutating webhook, or export them with `tollgate export \
+                 mutating-admission-policy`. The policy runs after mutating admission \
                  and the apiserver's defaulting, as the validating webhook does, so a training \
                  pod whose requests come from mutation's default limits is judged with them \
                  in both cases",
@@ -614,6 +626,7 @@ mod tests {
             }))
             .unwrap(),
             source: "test".into(),
+            ..Default::default()
         }
     }
 
@@ -709,19 +722,115 @@ mod tests {
         let e = validating_admission_policy(&policy, &options());
         let header: Vec<&str> = e.yaml.lines().take_while(|l| l.starts_with('#')).collect();
         let header = header.join("\n");
-        assert!(header.contains("Not covered"), "{header}");
-        assert!(header.contains("): team-a/default."), "{header}");
         assert!(
-            header.contains("neither validation nor optOut): team-b/default."),
+            header.contains("Left to the validating webhook"),
+            "{header}"
+        );
+        assert!(header.contains("team-a (team-a/default)"), "{header}");
+        assert!(
+            header.contains("none of validation or optOut): team-b/default."),
             "{header}"
         );
         let refused: Vec<&Note> = e.unexported().collect();
         assert_eq!(refused.len(), 1, "{refused:?}");
         assert_eq!(refused[0].field, "namespaceProfiles");
         assert!(refused[0].text.contains("TollgateProfile team-a/default"));
+        // The warn namespace is left out of the binding, so that the cluster's policy
+        // never refuses what its profile only warns of; team-b's stays selected.
+        let d = docs(&e.yaml);
+        assert_eq!(
+            d[1]["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"],
+            serde_json::json!([{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["team-a"]}])
+        );
+        // The mutating export: team-b's profile changes mutation's defaults, team-a's
+        // only validation.
+        let m = mutating_admission_policy(&policy, &options());
+        let d = docs(&m.yaml);
+        assert_eq!(d[1]["kind"], "MutatingAdmissionPolicyBinding");
+        assert_eq!(
+            d[1]["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"],
+            serde_json::json!(["team-b"])
+        );
         // Without TollgateProfiles, the header says nothing of them.
         let plain = validating_admission_policy(&Policy::builtin(), &options());
         assert!(!plain.yaml.contains("TollgateProfile"), "{}", plain.yaml);
+        assert!(!plain.yaml.contains("matchResources"), "{}", plain.yaml);
+    }
+
+    #[test]
+    fn the_mutating_export_is_a_policy_and_binding_per_scope() {
+        let e = mutating_admission_policy(&Policy::builtin(), &options());
+        let d = docs(&e.yaml);
+        assert_eq!(d.len(), 2, "{}", e.yaml);
+        assert_eq!(d[0]["apiVersion"], "admissionregistration.k8s.io/v1");
+        assert_eq!(d[0]["kind"], "MutatingAdmissionPolicy");
+        assert_eq!(d[0]["metadata"]["name"], MUTATE_EXPORT_NAME);
+        assert_eq!(d[0]["spec"]["reinvocationPolicy"], "IfNeeded");
+        assert_eq!(d[1]["spec"]["policyName"], MUTATE_EXPORT_NAME);
+        // Every mutation reads a variable of the policy's own.
+        let names: Vec<&str> = d[0]["spec"]["variables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["name"].as_str().unwrap())
+            .collect();
+        for m in d[0]["spec"]["mutations"].as_array().unwrap() {
+            let expr = m["jsonPatch"]["expression"].as_str().unwrap();
+            let var = expr
+                .strip_prefix("variables.")
+                .and_then(|r| r.split('.').next())
+                .unwrap();
+            assert!(names.contains(&var), "{var}");
+        }
+        // No expression over the apiserver's 100,000 characters, and none builds a
+        // JSONPatch or escapes a key where only a mutation may.
+        for v in d[0]["spec"]["variables"].as_array().unwrap() {
+            let expr = v["expression"].as_str().unwrap();
+            assert!(expr.len() < 100_000, "{}: {}", v["name"], expr.len());
+            assert!(!expr.contains("JSONPatch{"), "{}", v["name"]);
+            assert!(!expr.contains("jsonpatch."), "{}", v["name"]);
+        }
+        assert!(e.yaml.is_ascii());
+        // Kubernetes 1.34 and 1.35: v1beta1.
+        let mut o = options();
+        o.kubernetes_minor = 34;
+        let d = docs(&mutating_admission_policy(&Policy::builtin(), &o).yaml);
+        assert_eq!(d[0]["apiVersion"], "admissionregistration.k8s.io/v1beta1");
+        assert_eq!(d[1]["apiVersion"], "admissionregistration.k8s.io/v1beta1");
+        // A policy that mutates nothing exports nothing.
+        let mut off = Policy::builtin();
+        off.mutation.operations.clear();
+        assert!(mutating_admission_policy(&off, &options())
+            .objects
+            .is_empty());
+    }
+
+    #[test]
+    fn static_names_end_in_static_k8s_io() {
+        let mut o = options();
+        o.static_names = true;
+        for e in [
+            validating_admission_policy(&Policy::builtin(), &o),
+            mutating_admission_policy(&Policy::builtin(), &o),
+        ] {
+            for obj in &e.objects {
+                assert!(obj.name.ends_with(".static.k8s.io"), "{}", obj.name);
+                let d = docs(&obj.yaml);
+                assert_eq!(d[0]["metadata"]["name"], obj.name.as_str());
+                assert_eq!(d[0]["apiVersion"], "admissionregistration.k8s.io/v1");
+                if let Some(p) = d[0]["spec"]["policyName"].as_str() {
+                    assert_eq!(p, obj.name);
+                }
+            }
+        }
+        assert_eq!(
+            o.name("validate.tollgate.dev"),
+            "validate.tollgate.static.k8s.io"
+        );
+        assert_eq!(
+            o.name("team-a.mutate.tollgate.dev"),
+            "team-a.mutate.tollgate.static.k8s.io"
+        );
     }
 
     #[test]
@@ -755,7 +864,7 @@ mod tests {
             opt_out: &p.opt_out,
             guard: Some("has(object.metadata.labels)".into()),
         };
-        let (vap, _) = scope_objects(&scope, &options());
+        let (vap, _) = scope_objects(&scope, "x.validate.tollgate.dev", &options(), &[]);
         let mut yaml = String::new();
         vap.write(&mut yaml, 0);
         let d = docs(&yaml);

@@ -38,7 +38,6 @@ pub const MUTATE_NAME: &str = "mutate.tollgate.dev";
 /// more is left to the webhook.
 pub const MAX_CONTAINERS: usize = 64;
 
-
 /// The two container lists, as JSON pointers and CEL.
 const LISTS: [(&str, &str); 2] = [
     ("initContainers", "variables.initC"),
@@ -172,11 +171,7 @@ impl<'a> MapCel<'a> {
         if p.gpu.all_extended_resources {
             classes.push(("extended", extended_class()));
         }
-        MapCel {
-            scope,
-            p,
-            classes,
-        }
+        MapCel { scope, p, classes }
     }
 
     /// The class a resource name `r` (CEL) belongs to, `''` for none: the first class by
@@ -373,8 +368,7 @@ impl<'a> MapCel<'a> {
         // allExtendedResources.
         let mut fixed: Vec<(Toleration, Vec<String>)> = vec![];
         let mut dynamic: Vec<String> = vec![];
-        let mut add = |t: Toleration, cond: String| match fixed.iter_mut().find(|(f, _)| *f == t)
-        {
+        let mut add = |t: Toleration, cond: String| match fixed.iter_mut().find(|(f, _)| *f == t) {
             Some((_, conds)) => conds.push(cond),
             None => fixed.push((t, vec![cond])),
         };
@@ -559,9 +553,8 @@ impl<'a> MapCel<'a> {
                     )
                 };
                 let mount = format!(
-                    "{{'name': {n}, 'mountPath': {mp}, 'readOnly': dyn(true)}}",
-                    n = format!("dyn({n})"),
-                    mp = format!("dyn({})", lit(&m.mount_path))
+                    "{{'name': dyn({n}), 'mountPath': dyn({mp}), 'readOnly': dyn(true)}}",
+                    mp = lit(&m.mount_path)
                 );
                 let mut per_list = vec![];
                 let mut mounted = vec![];
@@ -657,7 +650,9 @@ impl<'a> MapCel<'a> {
         let t = &self.p.mutation.metrics_sidecar.container;
         let name = lit(&t.name);
         let both = |pred: &str| {
-            format!("(variables.initC.exists(c, {pred}) || object.spec.containers.exists(c, {pred}))")
+            format!(
+                "(variables.initC.exists(c, {pred}) || object.spec.containers.exists(c, {pred}))"
+            )
         };
         let image = lit(t.image.as_deref().unwrap_or(""));
         let mut clashes = vec![];
@@ -682,7 +677,10 @@ impl<'a> MapCel<'a> {
         let port_taken = if clashes.is_empty() {
             "false".to_owned()
         } else {
-            both(&format!("has(c.ports) && c.ports.exists(p, {})", clashes.join(" || ")))
+            both(&format!(
+                "has(c.ports) && c.ports.exists(p, {})",
+                clashes.join(" || ")
+            ))
         };
         format!(
             "{named} \
@@ -770,7 +768,11 @@ impl<'a> MapCel<'a> {
         let mut vars: Vec<(&'static str, String)> = vec![];
         let mut parts = vec![];
         for (key, list) in LISTS {
-            let side = if key == "initContainers" { "Init" } else { "Main" };
+            let side = if key == "initContainers" {
+                "Init"
+            } else {
+                "Main"
+            };
             let c = format!("{list}[i]");
             let gpu = format!("variables.gpu{side}[i]");
             let count = format!(
@@ -862,9 +864,13 @@ impl<'a> MapCel<'a> {
             return None;
         }
         let ln = lit(n);
-        let has_limit = format!("(has({c}.resources) && has({c}.resources.limits) && {ln} in {c}.resources.limits)");
+        let has_limit = format!(
+            "(has({c}.resources) && has({c}.resources.limits) && {ln} in {c}.resources.limits)"
+        );
         let request = format!("{c}.resources.requests[{ln}]");
-        let has_request = format!("(has({c}.resources) && has({c}.resources.requests) && {ln} in {c}.resources.requests)");
+        let has_request = format!(
+            "(has({c}.resources) && has({c}.resources.requests) && {ln} in {c}.resources.requests)"
+        );
         let flat_value = flat.as_deref().map_or_else(|| "''".to_owned(), lit);
         // The default as a CEL string, or '' for none.
         let default = match total {
@@ -891,7 +897,7 @@ impl<'a> MapCel<'a> {
             let c = format!("{list}[i]");
             let wanted = format!(
                 "(has({c}.resources) && has({c}.resources.requests) ? {c}.resources.requests.filter(r, ({nonover}) && !(has({c}.resources.limits) && r in {c}.resources.limits)) : [])",
-                nonover = format!("r.startsWith('hugepages-') || {}", is_extended("r"))
+                nonover = format_args!("r.startsWith('hugepages-') || {}", is_extended("r"))
             );
             parts.push(format!(
                 "variables.idx.filter(i, i < {list}.size() && {wanted}.size() > 0).map(i, \
@@ -913,7 +919,10 @@ impl<'a> MapCel<'a> {
         let has = |name: &str| vars.iter().any(|(n, _)| *n == name);
         let mut steps: Vec<(Step, String)> = vec![];
         if has("tolerationPatch") {
-            steps.push((Step::Tolerations, "variables.tolerationPatch.size() > 0".into()));
+            steps.push((
+                Step::Tolerations,
+                "variables.tolerationPatch.size() > 0".into(),
+            ));
         }
         let drivers: Vec<String> = vars
             .iter()
@@ -931,15 +940,16 @@ impl<'a> MapCel<'a> {
             ));
         }
         if has("limitsPatch") {
-            let mut cond = "variables.limitsPatch.size() > 0 || variables.equalLimitsPatch.size() > 0".to_owned();
+            let mut cond =
+                "variables.limitsPatch.size() > 0 || variables.equalLimitsPatch.size() > 0"
+                    .to_owned();
             if has("sidecarPatch") && self.sidecar_gets_defaults() {
                 cond.push_str(" || variables.sidecarPatch.size() > 0");
             }
             steps.push((Step::DefaultResources, cond));
         }
-        let existing = format!(
-            "(has({a}) && {key} in {a} ? {a}[{key}].split(',').map(s, s.trim()) : [])"
-        );
+        let existing =
+            format!("(has({a}) && {key} in {a} ? {a}[{key}].split(',').map(s, s.trim()) : [])");
         let any = if steps.is_empty() {
             "false".to_owned()
         } else {
@@ -957,9 +967,7 @@ impl<'a> MapCel<'a> {
                 .iter()
                 .find(|(t, _)| *t == s)
                 .map_or("false".to_owned(), |(_, c)| format!("({c})"));
-            step_items.push(format!(
-                "({name} in {existing} || {new} ? [{name}] : [])"
-            ));
+            step_items.push(format!("({name} in {existing} || {new} ? [{name}] : [])"));
         }
         let class_names: Vec<String> = self
             .classes
@@ -968,13 +976,15 @@ impl<'a> MapCel<'a> {
             .collect();
         let new_classes = format!(
             "variables.applies ? [{}].filter(n, {}) : []",
-            class_names.iter().map(|n| lit(n)).collect::<Vec<_>>().join(", "),
+            class_names
+                .iter()
+                .map(|n| lit(n))
+                .collect::<Vec<_>>()
+                .join(", "),
             if class_names.is_empty() {
                 "false".to_owned()
             } else {
-                format!(
-                    "variables.classesInit.exists(l, n.substring(4) in l) || variables.classesMain.exists(l, n.substring(4) in l)"
-                )
+                "variables.classesInit.exists(l, n.substring(4) in l) || variables.classesMain.exists(l, n.substring(4) in l)".to_owned()
             }
         );
         let sorted = |l: &str| {
@@ -982,11 +992,13 @@ impl<'a> MapCel<'a> {
                 "variables.idx.filter(i, ({l}).exists(x, ({l}).filter(y, y < x).size() == i)).map(i, ({l}).filter(x, ({l}).filter(y, y < x).size() == i)[0])"
             )
         };
-        let gpus = format!(
-            "{existing}.filter(s, s.startsWith('gpu=') && s.size() > 4) + ({new_classes})"
-        );
+        let gpus =
+            format!("{existing}.filter(s, s.startsWith('gpu=') && s.size() > 4) + ({new_classes})");
         let profile_new = match self.scope.profile {
-            Some(p) => format!("(variables.applies ? [{}] : [])", lit(&format!("profile={p}"))),
+            Some(p) => format!(
+                "(variables.applies ? [{}] : [])",
+                lit(&format!("profile={p}"))
+            ),
             None => "[]".to_owned(),
         };
         let profiles = format!(
@@ -1024,10 +1036,13 @@ impl<'a> MapCel<'a> {
         let dr = &self.p.mutation.default_resources;
         let limits = c.resources.as_ref().and_then(|r| r.limits.as_ref());
         let requests = c.resources.as_ref().and_then(|r| r.requests.as_ref());
-        dr.limits.keys().any(|k| !limits.is_some_and(|l| l.contains_key(k)))
+        dr.limits
+            .keys()
+            .any(|k| !limits.is_some_and(|l| l.contains_key(k)))
             || requests.is_some_and(|r| {
                 r.keys().any(|k| {
-                    quantity::is_non_overcommittable(k) && !limits.is_some_and(|l| l.contains_key(k))
+                    quantity::is_non_overcommittable(k)
+                        && !limits.is_some_and(|l| l.contains_key(k))
                 })
             })
     }
@@ -1092,7 +1107,14 @@ fn format_milli_cel(resource: &str, total: &str) -> String {
         format!("string({units})")
     } else {
         let mut out = format!("string({units})");
-        for (suffix, shift) in [("Ki", 10), ("Mi", 20), ("Gi", 30), ("Ti", 40), ("Pi", 50), ("Ei", 60)] {
+        for (suffix, shift) in [
+            ("Ki", 10),
+            ("Mi", 20),
+            ("Gi", 30),
+            ("Ti", 40),
+            ("Pi", 50),
+            ("Ei", 60),
+        ] {
             let m: i64 = 1 << shift;
             out = format!("({units} % {m} == 0 ? string({units} / {m}) + '{suffix}' : {out})");
         }
@@ -1122,7 +1144,8 @@ fn covers(t: &Toleration, wanted: &Toleration) -> bool {
         key == wanted.key.as_deref().unwrap_or("")
     };
     let value_ok = exists
-        || (!wanted_exists && t.value.as_deref().unwrap_or("") == wanted.value.as_deref().unwrap_or(""));
+        || (!wanted_exists
+            && t.value.as_deref().unwrap_or("") == wanted.value.as_deref().unwrap_or(""));
     let effect_ok = match t.effect.as_deref() {
         None | Some("") => true,
         Some(e) => wanted.effect.as_deref() == Some(e),
@@ -1161,9 +1184,7 @@ fn dyn_fields(w: &str) -> Fields {
 /// Whether toleration `t` (CEL: a pod's, or a map built by the export) covers the one
 /// with fields `w` (`tolerations::covers`).
 fn covers_cel(t: &str, w: &Fields) -> String {
-    let field = |f: &str| {
-        format!("(has({t}.{f}) ? string({t}.{f}) : '')")
-    };
+    let field = |f: &str| format!("(has({t}.{f}) ? string({t}.{f}) : '')");
     let exists = format!("{} == 'Exists'", field("operator"));
     format!(
         "(({k} == '' ? {exists} : {k} == {wk}) && ({exists} || (!{we} && {v} == {wv})) && ({e} == '' || {e} == {wf}))",
