@@ -1245,8 +1245,10 @@ fn export_names_the_profiles_it_does_not_cover() {
         "{header:#?}"
     );
     assert!(
-        header.iter().any(|l| l.starts_with("# Left to the validating webhook")
-            && l.ends_with(": team-a (team-a/default).")),
+        header
+            .iter()
+            .any(|l| l.starts_with("# Left to the validating webhook")
+                && l.ends_with(": team-a (team-a/default).")),
         "{header:#?}"
     );
     let err = stderr(&out);
