@@ -1247,16 +1247,33 @@ fn export_names_the_profiles_it_does_not_cover() {
     assert!(
         header
             .iter()
-            .any(|l| l.starts_with("# Not covered") && l.ends_with(": team-a/default.")),
+            .any(|l| l.starts_with("# Left to the validating webhook")
+                && l.ends_with(": team-a (team-a/default).")),
         "{header:#?}"
     );
     let err = stderr(&out);
     assert!(
         err.contains(
-            "not exported (namespaceProfiles): not exported: TollgateProfile team-a/default"
+            "not exported (namespaceProfiles): left to the validating webhook: namespace \
+             team-a, whose TollgateProfile team-a/default"
         ),
         "{err}"
     );
+    // Every binding leaves team-a out: its pods are never judged by the cluster's policy
+    // over its own profile.
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&yaml).unwrap();
+    let bindings: Vec<&serde_json::Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+        .collect();
+    assert!(!bindings.is_empty());
+    for b in bindings {
+        assert_eq!(
+            b["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"],
+            serde_json::json!([{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["team-a"]}]),
+            "{b}"
+        );
+    }
     // It is what the policy asks for and the export leaves out.
     let strict = tollgate(
         &["export", "validating-admission-policy", "-f", o, "--strict"],

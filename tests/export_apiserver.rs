@@ -772,6 +772,7 @@ fn export_options() -> ExportOptions {
         namespace_selector: tollgate::register::validating_namespace_selector("tollgate-system")
             .unwrap(),
         source: "test".into(),
+        ..Default::default()
     }
 }
 

@@ -399,6 +399,7 @@ fn options() -> ExportOptions {
         namespace_selector: tollgate::register::validating_namespace_selector("tollgate-system")
             .unwrap(),
         source: "test".into(),
+        ..Default::default()
     }
 }
 

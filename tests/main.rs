@@ -20,6 +20,7 @@ mod envtest;
 mod export_apiserver;
 mod export_equivalence;
 mod export_kubectl;
+mod export_mutating;
 mod feasibility_context;
 mod golden;
 mod helm;

@@ -142,7 +142,7 @@ fn container(rng: &mut Rng, name: String, port_base: i32, clash_used: &mut bool)
     c
 }
 
-fn gen_pod(rng: &mut Rng) -> Value {
+pub(crate) fn gen_pod(rng: &mut Rng) -> Value {
     let mut init = vec![];
     let mut regular = vec![];
     let mut next = 0;

@@ -37,6 +37,7 @@ fn cli_reference_names_every_flag_of_every_command() {
         "certs",
         "register",
         "export validating-admission-policy",
+        "export mutating-admission-policy",
         "policy",
         "completion",
     ] {

@@ -10,7 +10,7 @@ mod review;
 mod why;
 
 pub use audit::AuditArgs;
-pub use export::{ExportArgs, ExportCommand, VapArgs};
+pub use export::{ExportArgs, ExportCommand, ExportFlags};
 pub use policy::PolicyArgs;
 pub use review::{
     add_context, documents, read, run_review, split, synthetic_review, CliResult, Entered, Entry,

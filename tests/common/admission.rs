@@ -145,9 +145,13 @@ pub async fn user_info(client: &Client, user: &str, groups: &[String]) -> Value 
 
 const ADMISSION: &str = "/apis/admissionregistration.k8s.io/v1";
 
-/// The path of a ValidatingAdmissionPolicy or binding's collection.
+/// The path of an admission policy's or binding's collection (validating or mutating).
 fn collection(kind: &str) -> String {
     match kind {
+        "MutatingAdmissionPolicy" => format!("{ADMISSION}/mutatingadmissionpolicies"),
+        "MutatingAdmissionPolicyBinding" => {
+            format!("{ADMISSION}/mutatingadmissionpolicybindings")
+        }
         "ValidatingAdmissionPolicy" => format!("{ADMISSION}/validatingadmissionpolicies"),
         "ValidatingAdmissionPolicyBinding" => {
             format!("{ADMISSION}/validatingadmissionpolicybindings")

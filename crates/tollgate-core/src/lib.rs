@@ -89,8 +89,9 @@ pub use audit::{
 
 // The export: the validation half as a ValidatingAdmissionPolicy.
 pub use export::{
-    glob_to_re2, lit as cel_literal, validating_admission_policy, NoteKind,
-    Options as ExportOptions, FALLBACK_MESSAGE, NAME as EXPORT_NAME,
+    glob_to_re2, lit as cel_literal, mutating_admission_policy, validating_admission_policy,
+    Export, NoteKind, Object as ExportedObject, Options as ExportOptions, FALLBACK_MESSAGE,
+    MAX_CONTAINERS as EXPORT_MAX_CONTAINERS, MUTATE_EXPORT_NAME, NAME as EXPORT_NAME,
 };
 
 // One pod's judgement, step by step, for the property tests and the fuzz targets.

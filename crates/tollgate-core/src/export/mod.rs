@@ -20,6 +20,7 @@
 
 mod cel;
 mod literal;
+mod mutating;
 mod scope;
 mod yaml;
 
@@ -27,6 +28,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use cel::Cel;
 pub use literal::{glob_to_re2, lit};
+pub use mutating::{MAX_CONTAINERS, MUTATE_NAME as MUTATE_EXPORT_NAME};
 use scope::{scopes, Scope};
 use yaml::Node;
 
@@ -44,19 +46,58 @@ pub const FALLBACK_MESSAGE: &str = "some containers of this pod lack required re
      and init container must request them";
 
 /// What the export needs besides the policy.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Options {
-    /// The validating webhook's `namespaceSelector`: the policy selects the same namespaces.
+    /// The webhooks' `namespaceSelector`: the policies select the same namespaces.
     pub namespace_selector: LabelSelector,
     /// Where the policy came from, for the header comment.
     pub source: String,
+    /// The apiserver's minor version the objects are for (Kubernetes 1.`minor`): below 36,
+    /// MutatingAdmissionPolicies are `v1beta1` (1.34 and 1.35, behind a gate). 0: the
+    /// newest, 1.36.
+    pub kubernetes_minor: u32,
+    /// Names for a manifest-based admission bundle (KEP-5793): every object's name ends
+    /// `.static.k8s.io`.
+    pub static_names: bool,
+}
+
+impl Options {
+    /// The apiVersion of the MutatingAdmissionPolicies and their bindings.
+    pub fn map_api_version(&self) -> &'static str {
+        if self.kubernetes_minor != 0 && self.kubernetes_minor < 36 {
+            "admissionregistration.k8s.io/v1beta1"
+        } else {
+            "admissionregistration.k8s.io/v1"
+        }
+    }
+
+    /// An object's name as exported: `validate.tollgate.dev`, or in a static bundle
+    /// `validate.tollgate.static.k8s.io`.
+    pub fn name(&self, name: &str) -> String {
+        match name.strip_suffix(".tollgate.dev") {
+            Some(stem) if self.static_names => format!("{stem}.tollgate.static.k8s.io"),
+            _ => name.to_owned(),
+        }
+    }
 }
 
 /// The YAML to apply, and what the command tells on stderr.
 #[derive(Debug, Clone)]
 pub struct Export {
+    /// Every object, after a header comment.
     pub yaml: String,
     pub notes: Vec<Note>,
+    /// The objects one by one (a policy, then its binding), for a bundle of files.
+    pub objects: Vec<Object>,
+}
+
+/// One exported object.
+#[derive(Debug, Clone)]
+pub struct Object {
+    pub kind: &'static str,
+    pub name: String,
+    /// The object alone, as YAML.
+    pub yaml: String,
 }
 
 impl Export {
@@ -86,6 +127,11 @@ pub enum NoteKind {
 }
 
 /// The ValidatingAdmissionPolicy and binding for `policy`, as YAML, and what was left out.
+///
+/// A namespace whose TollgateProfile changes what validation judges (validation or the
+/// opt-out) is left out of every binding (`matchResources`, by its name) and named: its
+/// pods stay with the validating webhook, never judged by the cluster's policy over the
+/// team's profile.
 pub fn validating_admission_policy(policy: &Policy, options: &Options) -> Export {
     let mut notes = notes(policy);
     let mut yaml = format!(
@@ -93,77 +139,251 @@ pub fn validating_admission_policy(policy: &Policy, options: &Options) -> Export
          # Export again rather than edit: the CEL is the policy's, written out.\n",
         options.source
     );
-    let (differ, alike) = namespace_profiles(policy);
-    if !differ.is_empty() || !alike.is_empty() {
-        yaml.push_str(
-            "# It covers the cluster's policy (the file, the TollgatePolicy, its profiles), \
-             not the namespaces' TollgateProfiles: it judges their pods by the cluster's policy.\n",
-        );
-    }
-    if !differ.is_empty() {
-        yaml.push_str(&format!(
-            "# Not covered (their TollgateProfile changes validation or optOut; the validating \
-             webhook judges them otherwise): {}.\n",
-            differ.join(", ")
-        ));
-    }
-    if !alike.is_empty() {
-        yaml.push_str(&format!(
-            "# Judged alike (their TollgateProfile changes neither validation nor optOut): {}.\n",
-            alike.join(", ")
-        ));
-    }
-    for object in &differ {
+    let judged_alike =
+        |a: &Policy, b: &Policy| a.validation == b.validation && a.opt_out == b.opt_out;
+    let (differ, alike) = namespace_profiles(policy, judged_alike);
+    header_namespaces(
+        &mut yaml,
+        &differ,
+        &alike,
+        "validation or optOut",
+        "validating",
+    );
+    for (ns, object) in &differ {
         notes.push(Note {
             kind: NoteKind::Unexported,
             field: "namespaceProfiles",
             text: format!(
-                "not exported: TollgateProfile {object}, which changes validation or optOut \
-                 for its namespace's pods: the exported policy judges them by the cluster's \
-                 policy. Keep the validating webhook for that namespace, or leave the profile \
-                 to mutation"
+                "left to the validating webhook: namespace {ns}, whose TollgateProfile \
+                 {object} changes validation or optOut: the exported bindings do not select \
+                 it (matchResources), so its pods are judged by the webhook alone. Keep the \
+                 validating webhook for that namespace"
             ),
         });
     }
+    let excluded: Vec<&str> = differ.iter().map(|(ns, _)| ns.as_str()).collect();
+    let mut objects = vec![];
     for scope in scopes(policy) {
-        let (vap, binding) = scope_objects(&scope, options);
-        yaml.push_str("---\n");
-        vap.write(&mut yaml, 0);
-        yaml.push_str("---\n");
-        binding.write(&mut yaml, 0);
+        let name = options.name(&scope.name);
+        let (vap, binding) = scope_objects(&scope, &name, options, &excluded);
+        objects.push(object_text("ValidatingAdmissionPolicy", &name, vap));
+        objects.push(object_text(
+            "ValidatingAdmissionPolicyBinding",
+            &name,
+            binding,
+        ));
     }
-    Export { yaml, notes }
+    for o in &objects {
+        yaml.push_str("---\n");
+        yaml.push_str(&o.yaml);
+    }
+    Export {
+        yaml,
+        notes,
+        objects,
+    }
 }
 
-/// The namespaces' TollgateProfiles (`NAMESPACE/NAME`) whose pods the export judges
-/// otherwise than the webhook (validation or the opt-out differ from what the cluster gives
-/// them, over the base or a cluster profile), and those it judges alike. Each namespace
-/// would need its own scopes (the base and every profile, guarded by namespace) to be
-/// covered: not done, and said.
-fn namespace_profiles(policy: &Policy) -> (Vec<String>, Vec<String>) {
-    let judged_alike =
-        |a: &Policy, b: &Policy| a.validation == b.validation && a.opt_out == b.opt_out;
+/// The MutatingAdmissionPolicies and bindings for `policy` (one per scope: the base and
+/// each profile), as YAML, and what was left out: the pods the policies leave to the
+/// mutating webhook, and the namespaces whose TollgateProfile changes their mutation.
+pub fn mutating_admission_policy(policy: &Policy, options: &Options) -> Export {
+    let mut notes = mutating_notes(policy);
+    let mut yaml = format!(
+        "# Generated by `tollgate export mutating-admission-policy` from {}.\n\
+         # Export again rather than edit: the CEL is the policy's, written out.\n\
+         # Left to the mutating webhook (these policies skip them): pods with DRA claims\n\
+         # (resourceClaims: CEL cannot read a claim's device class), pods with pod-level\n\
+         # resources (spec.resources), pods with more than {} containers or init containers.\n",
+        options.source,
+        mutating::MAX_CONTAINERS
+    );
+    let mutated_alike = |a: &Policy, b: &Policy| {
+        a.gpu == b.gpu
+            && a.selection == b.selection
+            && a.opt_out == b.opt_out
+            && a.mutation == b.mutation
+    };
+    let (differ, alike) = namespace_profiles(policy, mutated_alike);
+    header_namespaces(
+        &mut yaml,
+        &differ,
+        &alike,
+        "gpu, selection, optOut or mutation",
+        "mutating",
+    );
+    for (ns, object) in &differ {
+        notes.push(Note {
+            kind: NoteKind::Unexported,
+            field: "namespaceProfiles",
+            text: format!(
+                "left to the mutating webhook: namespace {ns}, whose TollgateProfile \
+                 {object} changes what mutation does: the exported bindings do not select \
+                 it (matchResources). Keep the mutating webhook for that namespace"
+            ),
+        });
+    }
+    let excluded: Vec<&str> = differ.iter().map(|(ns, _)| ns.as_str()).collect();
+    let mut objects = vec![];
+    for scope in mutating::map_scopes(policy) {
+        if !mutating::mutates(scope.policy) {
+            continue;
+        }
+        mutating::scope_notes(&scope, &mut notes);
+        let spec = mutating::spec(&scope, match_constraints(options));
+        let name = options.name(&scope.name);
+        let mut binding = vec![("policyName", Node::string(&name))];
+        if let Some(m) = match_resources(&excluded) {
+            binding.push(("matchResources", m));
+        }
+        for (kind, spec) in [
+            ("MutatingAdmissionPolicy", spec),
+            ("MutatingAdmissionPolicyBinding", Node::Map(binding.clone())),
+        ] {
+            let node = object_with(kind, &name, options.map_api_version(), spec);
+            objects.push(object_text(kind, &name, node));
+        }
+    }
+    if objects.is_empty() {
+        yaml.push_str("# The policy mutates no pod CREATE: nothing to export.\n");
+    }
+    for o in &objects {
+        yaml.push_str("---\n");
+        yaml.push_str(&o.yaml);
+    }
+    Export {
+        yaml,
+        notes,
+        objects,
+    }
+}
+
+/// What the mutating export leaves to the webhook.
+fn mutating_notes(policy: &Policy) -> Vec<Note> {
+    let mut notes = vec![Note {
+        kind: NoteKind::StaysWithWebhook,
+        field: "mutation",
+        text: format!(
+            "left to the mutating webhook: pods with DRA claims (a policy cannot read the \
+             ResourceClaim or template that names the device class), pods with pod-level \
+             resources (the sidecar's share of the pod's budget), pods with more than {} \
+             containers or init containers. Keep the mutating webhook registered for them, \
+             or accept that they are admitted unmutated",
+            mutating::MAX_CONTAINERS
+        ),
+    }];
+    notes.push(Note {
+        kind: NoteKind::Differs,
+        field: "mutation",
+        text: "the webhook's warnings (what each step added, a volume or port left to the \
+               user) are not given: a MutatingAdmissionPolicy warns of nothing. Feasibility \
+               and what needs the cluster's nodes, quotas and claims stay with the webhooks"
+            .into(),
+    });
+    if policy.workloads.enabled {
+        notes.push(Note {
+            kind: NoteKind::StaysWithWebhook,
+            field: "workloads",
+            text: "left to the webhooks: the opt-out approval the mutating webhook stamps on \
+                   workload templates (the requester's name, which the pod's policy cannot \
+                   see when its controller creates it), and the review of workloads"
+                .into(),
+        });
+    }
+    notes
+}
+
+/// The header lines that name the namespaces' TollgateProfiles.
+fn header_namespaces(
+    yaml: &mut String,
+    differ: &[(String, String)],
+    alike: &[String],
+    fields: &str,
+    webhook: &str,
+) {
+    if !differ.is_empty() {
+        let names: Vec<String> = differ
+            .iter()
+            .map(|(ns, object)| format!("{ns} ({object})"))
+            .collect();
+        yaml.push_str(&format!(
+            "# Left to the {webhook} webhook (their TollgateProfile changes {fields}; the \
+             bindings do not select them): {}.\n",
+            names.join(", ")
+        ));
+    }
+    if !alike.is_empty() {
+        yaml.push_str(&format!(
+            "# Covered alike (their TollgateProfile changes none of {fields}): {}.\n",
+            alike.join(", ")
+        ));
+    }
+}
+
+/// A binding's `matchResources` that leaves out the namespaces named, or None.
+fn match_resources(excluded: &[&str]) -> Option<Node> {
+    if excluded.is_empty() {
+        return None;
+    }
+    Some(Node::Map(vec![(
+        "namespaceSelector",
+        Node::Map(vec![(
+            "matchExpressions",
+            Node::List(vec![Node::Map(vec![
+                ("key", Node::string(NAMESPACE_NAME_LABEL)),
+                ("operator", Node::plain("NotIn")),
+                (
+                    "values",
+                    Node::List(excluded.iter().map(|n| Node::string(n)).collect()),
+                ),
+            ])]),
+        )]),
+    )]))
+}
+
+/// The label every namespace carries with its name.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+fn object_text(kind: &'static str, name: &str, node: Node) -> Object {
+    let mut yaml = String::new();
+    node.write(&mut yaml, 0);
+    Object {
+        kind,
+        name: name.to_owned(),
+        yaml,
+    }
+}
+
+/// The namespaces' TollgateProfiles whose pods the export would treat otherwise than the
+/// webhook (`alike` says whether two policies agree on what the export carries, over the
+/// base or a cluster profile), as (namespace, `NAMESPACE/NAME`), and those treated alike
+/// (`NAMESPACE/NAME`).
+fn namespace_profiles(
+    policy: &Policy,
+    alike_for: impl Fn(&Policy, &Policy) -> bool,
+) -> (Vec<(String, String)>, Vec<String>) {
     let (mut differ, mut alike) = (vec![], vec![]);
-    for n in policy.layers.namespaces.values() {
-        let over_base = judged_alike(&n.over_base.policy, policy);
+    for (ns, n) in &policy.layers.namespaces {
+        let over_base = alike_for(&n.over_base.policy, policy);
         let over_profiles = n.over_profiles.iter().enumerate().all(|(i, r)| {
             match (r, policy.profiles.get(i).and_then(|p| p.policy())) {
-                (Some(r), Some(theirs)) => judged_alike(&r.policy, theirs),
+                (Some(r), Some(theirs)) => alike_for(&r.policy, theirs),
                 _ => true,
             }
         });
         if over_base && over_profiles {
             alike.push(n.object.clone());
         } else {
-            differ.push(n.object.clone());
+            differ.push((ns.clone(), n.object.clone()));
         }
     }
     (differ, alike)
 }
 
-/// Whether the export carries what mutation step `step` does. None can be: a
-/// ValidatingAdmissionPolicy cannot mutate, so each stays with the mutating webhook and is
-/// named in the notes. (A MutatingAdmissionPolicy export would answer here, step by step.)
+/// Whether the ValidatingAdmissionPolicy export carries what mutation step `step` does.
+/// None can be: a ValidatingAdmissionPolicy cannot mutate, so each stays with the mutating
+/// webhook, or with the MutatingAdmissionPolicies of `mutating_admission_policy`, which
+/// carry every step (`mutating`), and is named in the notes.
 fn exported(step: Step) -> bool {
     match step {
         Step::Tolerations | Step::DriverMounts | Step::MetricsSidecar | Step::DefaultResources => {
@@ -185,7 +405,8 @@ fn notes(policy: &Policy) -> Vec<Note> {
             field: "mutation",
             text: format!(
                 "not exported: the mutation steps ({}). A ValidatingAdmissionPolicy cannot \
-                 mutate: keep the mutating webhook. The policy runs after mutating admission \
+                 mutate: keep the mutating webhook, or export them with `tollgate export \
+                 mutating-admission-policy`. The policy runs after mutating admission \
                  and the apiserver's defaulting, as the validating webhook does, so a training \
                  pod whose requests come from mutation's default limits is judged with them \
                  in both cases",
@@ -260,7 +481,12 @@ fn validates(v: &Validation) -> bool {
     v.enabled && v.operations.contains(&Operation::Create)
 }
 
-fn scope_objects(scope: &Scope<'_>, options: &Options) -> (Node, Node) {
+fn scope_objects(
+    scope: &Scope<'_>,
+    name: &str,
+    options: &Options,
+    excluded: &[&str],
+) -> (Node, Node) {
     let v = scope.validation;
     let mut spec = vec![
         ("failurePolicy", Node::plain("Fail")),
@@ -284,26 +510,30 @@ fn scope_objects(scope: &Scope<'_>, options: &Options) -> (Node, Node) {
             ])]),
         ));
     }
-    let vap = object("ValidatingAdmissionPolicy", &scope.name, Node::Map(spec));
+    let vap = object("ValidatingAdmissionPolicy", name, Node::Map(spec));
     let action = match v.mode {
         Mode::Enforce => "Deny",
         Mode::Warn => "Warn",
         Mode::Audit => "Audit",
     };
-    let binding = object(
-        "ValidatingAdmissionPolicyBinding",
-        &scope.name,
-        Node::Map(vec![
-            ("policyName", Node::string(&scope.name)),
-            ("validationActions", Node::List(vec![Node::plain(action)])),
-        ]),
-    );
+    let mut binding = vec![
+        ("policyName", Node::string(name)),
+        ("validationActions", Node::List(vec![Node::plain(action)])),
+    ];
+    if let Some(m) = match_resources(excluded) {
+        binding.push(("matchResources", m));
+    }
+    let binding = object("ValidatingAdmissionPolicyBinding", name, Node::Map(binding));
     (vap, binding)
 }
 
 fn object(kind: &str, name: &str, spec: Node) -> Node {
+    object_with(kind, name, "admissionregistration.k8s.io/v1", spec)
+}
+
+fn object_with(kind: &str, name: &str, api_version: &str, spec: Node) -> Node {
     Node::Map(vec![
-        ("apiVersion", Node::plain("admissionregistration.k8s.io/v1")),
+        ("apiVersion", Node::plain(api_version)),
         ("kind", Node::plain(kind)),
         (
             "metadata",
@@ -396,6 +626,7 @@ mod tests {
             }))
             .unwrap(),
             source: "test".into(),
+            ..Default::default()
         }
     }
 
@@ -491,19 +722,115 @@ mod tests {
         let e = validating_admission_policy(&policy, &options());
         let header: Vec<&str> = e.yaml.lines().take_while(|l| l.starts_with('#')).collect();
         let header = header.join("\n");
-        assert!(header.contains("Not covered"), "{header}");
-        assert!(header.contains("): team-a/default."), "{header}");
         assert!(
-            header.contains("neither validation nor optOut): team-b/default."),
+            header.contains("Left to the validating webhook"),
+            "{header}"
+        );
+        assert!(header.contains("team-a (team-a/default)"), "{header}");
+        assert!(
+            header.contains("none of validation or optOut): team-b/default."),
             "{header}"
         );
         let refused: Vec<&Note> = e.unexported().collect();
         assert_eq!(refused.len(), 1, "{refused:?}");
         assert_eq!(refused[0].field, "namespaceProfiles");
         assert!(refused[0].text.contains("TollgateProfile team-a/default"));
+        // The warn namespace is left out of the binding, so that the cluster's policy
+        // never refuses what its profile only warns of; team-b's stays selected.
+        let d = docs(&e.yaml);
+        assert_eq!(
+            d[1]["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"],
+            serde_json::json!([{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["team-a"]}])
+        );
+        // The mutating export: team-b's profile changes mutation's defaults, team-a's
+        // only validation.
+        let m = mutating_admission_policy(&policy, &options());
+        let d = docs(&m.yaml);
+        assert_eq!(d[1]["kind"], "MutatingAdmissionPolicyBinding");
+        assert_eq!(
+            d[1]["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"],
+            serde_json::json!(["team-b"])
+        );
         // Without TollgateProfiles, the header says nothing of them.
         let plain = validating_admission_policy(&Policy::builtin(), &options());
         assert!(!plain.yaml.contains("TollgateProfile"), "{}", plain.yaml);
+        assert!(!plain.yaml.contains("matchResources"), "{}", plain.yaml);
+    }
+
+    #[test]
+    fn the_mutating_export_is_a_policy_and_binding_per_scope() {
+        let e = mutating_admission_policy(&Policy::builtin(), &options());
+        let d = docs(&e.yaml);
+        assert_eq!(d.len(), 2, "{}", e.yaml);
+        assert_eq!(d[0]["apiVersion"], "admissionregistration.k8s.io/v1");
+        assert_eq!(d[0]["kind"], "MutatingAdmissionPolicy");
+        assert_eq!(d[0]["metadata"]["name"], MUTATE_EXPORT_NAME);
+        assert_eq!(d[0]["spec"]["reinvocationPolicy"], "IfNeeded");
+        assert_eq!(d[1]["spec"]["policyName"], MUTATE_EXPORT_NAME);
+        // Every mutation reads a variable of the policy's own.
+        let names: Vec<&str> = d[0]["spec"]["variables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["name"].as_str().unwrap())
+            .collect();
+        for m in d[0]["spec"]["mutations"].as_array().unwrap() {
+            let expr = m["jsonPatch"]["expression"].as_str().unwrap();
+            let var = expr
+                .strip_prefix("variables.")
+                .and_then(|r| r.split('.').next())
+                .unwrap();
+            assert!(names.contains(&var), "{var}");
+        }
+        // No expression over the apiserver's 100,000 characters, and none builds a
+        // JSONPatch or escapes a key where only a mutation may.
+        for v in d[0]["spec"]["variables"].as_array().unwrap() {
+            let expr = v["expression"].as_str().unwrap();
+            assert!(expr.len() < 100_000, "{}: {}", v["name"], expr.len());
+            assert!(!expr.contains("JSONPatch{"), "{}", v["name"]);
+            assert!(!expr.contains("jsonpatch."), "{}", v["name"]);
+        }
+        assert!(e.yaml.is_ascii());
+        // Kubernetes 1.34 and 1.35: v1beta1.
+        let mut o = options();
+        o.kubernetes_minor = 34;
+        let d = docs(&mutating_admission_policy(&Policy::builtin(), &o).yaml);
+        assert_eq!(d[0]["apiVersion"], "admissionregistration.k8s.io/v1beta1");
+        assert_eq!(d[1]["apiVersion"], "admissionregistration.k8s.io/v1beta1");
+        // A policy that mutates nothing exports nothing.
+        let mut off = Policy::builtin();
+        off.mutation.operations.clear();
+        assert!(mutating_admission_policy(&off, &options())
+            .objects
+            .is_empty());
+    }
+
+    #[test]
+    fn static_names_end_in_static_k8s_io() {
+        let mut o = options();
+        o.static_names = true;
+        for e in [
+            validating_admission_policy(&Policy::builtin(), &o),
+            mutating_admission_policy(&Policy::builtin(), &o),
+        ] {
+            for obj in &e.objects {
+                assert!(obj.name.ends_with(".static.k8s.io"), "{}", obj.name);
+                let d = docs(&obj.yaml);
+                assert_eq!(d[0]["metadata"]["name"], obj.name.as_str());
+                assert_eq!(d[0]["apiVersion"], "admissionregistration.k8s.io/v1");
+                if let Some(p) = d[0]["spec"]["policyName"].as_str() {
+                    assert_eq!(p, obj.name);
+                }
+            }
+        }
+        assert_eq!(
+            o.name("validate.tollgate.dev"),
+            "validate.tollgate.static.k8s.io"
+        );
+        assert_eq!(
+            o.name("team-a.mutate.tollgate.dev"),
+            "team-a.mutate.tollgate.static.k8s.io"
+        );
     }
 
     #[test]
@@ -537,7 +864,7 @@ mod tests {
             opt_out: &p.opt_out,
             guard: Some("has(object.metadata.labels)".into()),
         };
-        let (vap, _) = scope_objects(&scope, &options());
+        let (vap, _) = scope_objects(&scope, "x.validate.tollgate.dev", &options(), &[]);
         let mut yaml = String::new();
         vap.write(&mut yaml, 0);
         let d = docs(&yaml);

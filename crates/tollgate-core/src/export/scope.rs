@@ -51,7 +51,7 @@ pub(super) fn scopes(policy: &Policy) -> Vec<Scope<'_>> {
 }
 
 /// Whether a profile's `match` fits the request, in CEL: every criterion it gives.
-fn profile_fits(m: &ProfileMatch) -> String {
+pub(super) fn profile_fits(m: &ProfileMatch) -> String {
     let mut all = vec![];
     if !m.namespaces.is_empty() {
         all.push(format!(
