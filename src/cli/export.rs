@@ -272,19 +272,13 @@ fn cluster_objects(cluster: &ClusterFlags) -> Result<PolicyObjects, String> {
         let url = config.cluster_url.to_string();
         let client = kube::Client::try_from(config)
             .map_err(|e| format!("creating a client for the API server at {url}: {e}"))?;
-        let auditor = crate::audit::Auditor::new(client, url);
-        let (listed, unread) =
-            crate::audit::list::policy_objects(&auditor, &crate::audit::Namespaces::All)
-                .await
-                .map_err(|e| e.to_string())?;
-        if let Some(why) = unread.first() {
+        let (found, unread) =
+            super::objects::from_cluster(client, &url, &crate::audit::Namespaces::All).await?;
+        if let Some(u) = unread.first() {
             return Err(format!(
-                "--from-cluster: the cluster's policy objects could not be read: {why}"
+                "--from-cluster: the cluster's {}s could not be read: forbidden: {}",
+                u.kind, u.why
             ));
-        }
-        let mut found = PolicyObjects::default();
-        for object in &listed {
-            found.add("the cluster", object);
         }
         Ok(found)
     })
