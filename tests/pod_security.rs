@@ -70,14 +70,14 @@ fn generated(rng: &mut Rng, name: &str) -> Value {
         psc.insert("seccompProfile".into(), v.clone());
     }
     if rng.chance(8) {
-        let o = rng.pick(&[
+        let options = [
             json!({"type": "container_t"}),
             json!({"type": "spc_t"}),
             json!({"type": "container_engine_t"}),
             json!({"user": "system_u"}),
             json!({"role": "sysadm_r", "type": "unconfined_t"}),
-        ]);
-        psc.insert("seLinuxOptions".into(), o.clone());
+        ];
+        psc.insert("seLinuxOptions".into(), rng.pick(&options).clone());
     }
     if rng.chance(12) {
         let names = rng.some(
@@ -182,8 +182,8 @@ fn container_context(rng: &mut Rng, user_namespace: bool) -> Value {
         if !add.is_empty() {
             caps.insert("add".into(), json!(add));
         }
-        let drop = rng.pick(&[json!(["ALL"]), json!(["ALL"]), json!(["NET_RAW"]), json!([])]);
-        caps.insert("drop".into(), drop.clone());
+        let drops = [json!(["ALL"]), json!(["ALL"]), json!(["NET_RAW"]), json!([])];
+        caps.insert("drop".into(), rng.pick(&drops).clone());
         sc.insert("capabilities".into(), Value::Object(caps));
     }
     let escalation: &[Option<Value>] = if privileged || sys_admin {
