@@ -128,7 +128,6 @@ fn generated(rng: &mut Rng, name: &str) -> Value {
     if !volumes.is_empty() {
         spec["volumes"] = json!(volumes);
     }
-    let host_network = spec["hostNetwork"] == json!(true);
     let mut names = vec![];
     if rng.chance(30) {
         names.push(("init", true));
@@ -137,16 +136,18 @@ fn generated(rng: &mut Rng, name: &str) -> Value {
     if rng.chance(40) {
         names.push(("helper", false));
     }
-    for (cname, init) in names {
+    for (i, (cname, init)) in names.into_iter().enumerate() {
+        // Ports of their own: two containers on one port are invalid.
+        let (port, plain) = (8080 + i, 9090 + i);
         let mut c = json!({"name": cname, "image": "registry.example.com/trainer:1.0"});
         if rng.chance(75) {
             c["securityContext"] = container_context(rng, user_namespace);
         }
         if rng.chance(10) {
-            c["ports"] = json!([{"containerPort": 8080, "hostPort": 8080}]);
+            c["ports"] = json!([{"containerPort": port, "hostPort": port}]);
         } else if rng.chance(15) {
             // With the host's network, the apiserver makes this a hostPort.
-            c["ports"] = json!([{"containerPort": if host_network { 9090 } else { 8080 }}]);
+            c["ports"] = json!([{"containerPort": plain}]);
         }
         if !init && rng.chance(6) {
             c["livenessProbe"] = json!({"httpGet": {"port": 8080, "host": "10.0.0.1"}});
@@ -182,19 +183,37 @@ fn container_context(rng: &mut Rng, user_namespace: bool) -> Value {
         if !add.is_empty() {
             caps.insert("add".into(), json!(add));
         }
-        let drops = [json!(["ALL"]), json!(["ALL"]), json!(["NET_RAW"]), json!([])];
+        let drops = [
+            json!(["ALL"]),
+            json!(["ALL"]),
+            json!(["NET_RAW"]),
+            json!([]),
+        ];
         caps.insert("drop".into(), rng.pick(&drops).clone());
         sc.insert("capabilities".into(), Value::Object(caps));
     }
     let escalation: &[Option<Value>] = if privileged || sys_admin {
         &[None, Some(json!(true))]
     } else {
-        &[None, Some(json!(true)), Some(json!(false)), Some(json!(false))]
+        &[
+            None,
+            Some(json!(true)),
+            Some(json!(false)),
+            Some(json!(false)),
+        ]
     };
     if let Some(v) = opt(rng, escalation) {
         sc.insert("allowPrivilegeEscalation".into(), v.clone());
     }
-    if let Some(v) = opt(rng, &[None, Some(json!(true)), Some(json!(true)), Some(json!(false))]) {
+    if let Some(v) = opt(
+        rng,
+        &[
+            None,
+            Some(json!(true)),
+            Some(json!(true)),
+            Some(json!(false)),
+        ],
+    ) {
         sc.insert("runAsNonRoot".into(), v.clone());
     }
     if let Some(v) = opt(rng, &[None, None, Some(json!(0)), Some(json!(1000))]) {
@@ -212,7 +231,11 @@ fn container_context(rng: &mut Rng, user_namespace: bool) -> Value {
         sc.insert("seccompProfile".into(), v.clone());
     }
     if rng.chance(8) {
-        let m = if user_namespace { "Unmasked" } else { "Default" };
+        let m = if user_namespace {
+            "Unmasked"
+        } else {
+            "Default"
+        };
         sc.insert("procMount".into(), json!(m));
     }
     if rng.chance(5) {
@@ -241,7 +264,7 @@ async fn tollgates_pod_security_is_the_apiservers_on_generated_pods() {
     let seeds: u64 = std::env::var("TOLLGATE_PSA_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(160);
+        .unwrap_or(300);
     let mut spaces = vec![];
     for (level, version) in ENFORCED {
         let labels = [
@@ -274,6 +297,28 @@ async fn tollgates_pod_security_is_the_apiservers_on_generated_pods() {
     })
     .await;
     let (mut refused, mut admitted, mut invalid) = (0, 0, 0);
+    // Every check of baseline and restricted (but Windows' hostProcess, which a Linux pod
+    // cannot carry validly beside the others) is seen refusing some pod.
+    let mut unseen: std::collections::BTreeSet<&str> = [
+        "forbidden AppArmor profile",
+        "non-default capabilities",
+        "host namespaces",
+        "hostPath volumes",
+        "hostPort",
+        "probe or lifecycle host",
+        "privileged (",
+        "procMount",
+        "seLinuxOptions",
+        "seccompProfile",
+        "forbidden sysctls",
+        "allowPrivilegeEscalation != false",
+        "unrestricted capabilities",
+        "restricted volume types",
+        "runAsNonRoot != true",
+        "runAsUser=0",
+    ]
+    .into_iter()
+    .collect();
     let mut failures = vec![];
     for (seed, labels, pod, answer) in outcomes {
         let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
@@ -292,6 +337,7 @@ async fn tollgates_pod_security_is_the_apiservers_on_generated_pods() {
             }
             Err(r) if r.code == 403 && r.message.contains("violates PodSecurity") => {
                 refused += 1;
+                unseen.retain(|check| !r.message.contains(check));
                 let expected = ours.map(|w| format!("pods \"{name}\" is forbidden: {w}"));
                 if expected.as_deref() != Some(r.message.as_str()) {
                     failures.push(format!(
@@ -301,7 +347,12 @@ async fn tollgates_pod_security_is_the_apiservers_on_generated_pods() {
                 }
             }
             // Refused before admission (validation): Pod Security never saw it.
-            Err(r) if r.code == 422 => invalid += 1,
+            Err(r) if r.code == 422 => {
+                invalid += 1;
+                if std::env::var("TOLLGATE_PSA_INVALID").is_ok() {
+                    eprintln!("invalid: {}", r.message);
+                }
+            }
             Err(r) => failures.push(format!("seed {seed} at {level}: {} {}", r.code, r.message)),
         }
     }
@@ -312,9 +363,16 @@ async fn tollgates_pod_security_is_the_apiservers_on_generated_pods() {
         refused + admitted + invalid,
         failures.join("\n")
     );
+    eprintln!(
+        "pod security: {refused} refused and {admitted} admitted alike, {invalid} invalid (not judged)"
+    );
+    assert!(
+        unseen.is_empty(),
+        "checks no generated pod failed: {unseen:?}"
+    );
     let judged = refused + admitted;
     assert!(
-        invalid * 5 < judged && refused > judged / 4 && admitted > judged / 10,
+        invalid * 5 < judged && refused > judged / 4 && admitted > judged / 20,
         "the generated pods should mostly be judged, both ways: {refused} refused, {admitted} admitted, {invalid} invalid"
     );
 }
@@ -371,8 +429,16 @@ async fn a_compliant_gpu_pod_and_job_are_created_at_every_level_through_tollgate
     // restricted)
     let levels: &[(&[(&str, &str)], bool, bool)] = &[
         (&[], true, false),
-        (&[("pod-security.kubernetes.io/enforce", "privileged")], true, false),
-        (&[("pod-security.kubernetes.io/enforce", "baseline")], false, false),
+        (
+            &[("pod-security.kubernetes.io/enforce", "privileged")],
+            true,
+            false,
+        ),
+        (
+            &[("pod-security.kubernetes.io/enforce", "baseline")],
+            false,
+            false,
+        ),
         (
             &[
                 ("pod-security.kubernetes.io/enforce", "baseline"),
@@ -381,7 +447,11 @@ async fn a_compliant_gpu_pod_and_job_are_created_at_every_level_through_tollgate
             false,
             false,
         ),
-        (&[("pod-security.kubernetes.io/enforce", "restricted")], false, true),
+        (
+            &[("pod-security.kubernetes.io/enforce", "restricted")],
+            false,
+            true,
+        ),
         (
             &[
                 ("pod-security.kubernetes.io/enforce", "restricted"),
@@ -390,15 +460,42 @@ async fn a_compliant_gpu_pod_and_job_are_created_at_every_level_through_tollgate
             false,
             true,
         ),
-        (&[("pod-security.kubernetes.io/warn", "restricted")], false, true),
-        (&[("pod-security.kubernetes.io/audit", "baseline")], false, false),
+        (
+            &[("pod-security.kubernetes.io/warn", "restricted")],
+            false,
+            true,
+        ),
+        (
+            &[("pod-security.kubernetes.io/audit", "baseline")],
+            false,
+            false,
+        ),
     ];
     for (labels, driver, hardened) in levels {
         let mut all: Vec<(&str, &str)> = labels.to_vec();
         all.push(("tollgate.dev/enforce", "enabled"));
         all.push((common::admission::REGISTERED, &name));
         let ns = cp.namespace("psa-gpu", &all).await;
-        common::admission::until_reviewed(&admin, &served, &ns).await;
+        // The webhooks in force here: a probe Pod Security admits at every level (its own
+        // refusal comes before the validating webhook's review).
+        let probe = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "probe", "namespace": ns},
+            "spec": {"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{"name": "c", "image": "probe",
+                "securityContext": {"runAsNonRoot": true, "allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]}},
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}]}});
+        let seen = |endpoint: &str| {
+            served
+                .lines()
+                .iter()
+                .any(|l| l.contains(&ns) && l.contains(&format!("\"{endpoint}\"")))
+        };
+        common::net::until("the webhooks to be in force", async || {
+            let _ = common::apiserver::create(&admin, &probe, true).await;
+            seen("mutate") && seen("validate")
+        })
+        .await;
         let pod = json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "trainer", "namespace": ns},
             "spec": {"restartPolicy": "Never", "containers": [compliant_trainer()]}});
@@ -436,7 +533,10 @@ fn check_mutated(labels: &[(&str, &str)], pod: &Value, driver: bool, hardened: b
     let host_path = spec["volumes"]
         .as_array()
         .is_some_and(|v| v.iter().any(|v| v.get("hostPath").is_some()));
-    assert_eq!(host_path, driver, "{labels:?}: the driver's hostPath: {pod}");
+    assert_eq!(
+        host_path, driver,
+        "{labels:?}: the driver's hostPath: {pod}"
+    );
     let applied = pod["metadata"]["annotations"]["tollgate.dev/applied"]
         .as_str()
         .unwrap_or_default();

@@ -806,8 +806,10 @@ fn proc_mount_restricted(p: &PodView<'_>, _: u32) -> Option<Violation> {
 
 fn se_linux(p: &PodView<'_>, v: u32) -> Option<Violation> {
     let allowed = |t: &str| {
-        matches!(t, "" | "container_t" | "container_init_t" | "container_kvm_t")
-            || (v >= 31 && t == "container_engine_t")
+        matches!(
+            t,
+            "" | "container_t" | "container_init_t" | "container_kvm_t"
+        ) || (v >= 31 && t == "container_engine_t")
     };
     let mut bad_types: BTreeSet<String> = BTreeSet::new();
     let (mut set_user, mut set_role) = (false, false);
@@ -889,9 +891,8 @@ fn seccomp_baseline(p: &PodView<'_>, v: u32) -> Option<Violation> {
 
 /// `seccompProfileBaseline_1_0`: the annotations of before 1.19.
 fn seccomp_annotations(p: &PodView<'_>) -> Option<Violation> {
-    let valid = |v: &str| {
-        v == "runtime/default" || v == "docker/default" || v.starts_with("localhost/")
-    };
+    let valid =
+        |v: &str| v == "runtime/default" || v == "docker/default" || v.starts_with("localhost/");
     let annotations = p.meta.annotations.as_ref();
     let get = |k: &str| annotations.and_then(|a| a.get(k));
     let mut forbidden: BTreeSet<String> = BTreeSet::new();

@@ -142,12 +142,23 @@ mod tests {
                 let h = Heed::of("ml", heed(&[(&label, level)]));
                 let (d, veto) = h.driver(Driver::HostPath);
                 assert_eq!(d, Driver::Runtime, "{mode}: {level}");
-                let w = veto.unwrap().warning(&h, "nvidia", &["tollgate-nvidia-driver"]);
+                let w = veto
+                    .unwrap()
+                    .warning(&h, "nvidia", &["tollgate-nvidia-driver"]);
                 assert!(w.contains(&format!("{label}: {level}")), "{w}");
             }
         }
-        let privileged = Heed::of("ml", heed(&[("pod-security.kubernetes.io/enforce", "privileged")]));
-        assert_eq!(privileged.driver(Driver::HostPath), (Driver::HostPath, None));
-        assert_eq!(Heed::default().driver(Driver::HostPath), (Driver::HostPath, None));
+        let privileged = Heed::of(
+            "ml",
+            heed(&[("pod-security.kubernetes.io/enforce", "privileged")]),
+        );
+        assert_eq!(
+            privileged.driver(Driver::HostPath),
+            (Driver::HostPath, None)
+        );
+        assert_eq!(
+            Heed::default().driver(Driver::HostPath),
+            (Driver::HostPath, None)
+        );
     }
 }

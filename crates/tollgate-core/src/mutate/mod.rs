@@ -215,7 +215,14 @@ pub(crate) fn mutate_heeding(
     } else {
         None
     };
-    record_applied(policy, pod, &out.applied, &classes, left.as_deref(), profile);
+    record_applied(
+        policy,
+        pod,
+        &out.applied,
+        &classes,
+        left.as_deref(),
+        profile,
+    );
     out
 }
 
