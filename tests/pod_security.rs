@@ -377,6 +377,10 @@ async fn tollgates_pod_security_is_the_apiservers_on_generated_pods() {
     );
 }
 
+/// A namespace's labels, whether tollgate may mount the driver there, and whether the
+/// sidecar is held to restricted.
+type Level = (&'static [(&'static str, &'static str)], bool, bool);
+
 /// A GPU trainer that meets restricted itself.
 fn compliant_trainer() -> Value {
     json!({"name": "trainer", "image": "registry.example.com/trainer:1.0",
@@ -425,9 +429,7 @@ async fn a_compliant_gpu_pod_and_job_are_created_at_every_level_through_tollgate
             .await
             .unwrap_or_else(|e| panic!("registering {name}: {}", e.message));
     }
-    // (labels, whether tollgate may mount the driver, whether the sidecar is held to
-    // restricted)
-    let levels: &[(&[(&str, &str)], bool, bool)] = &[
+    let levels: &[Level] = &[
         (&[], true, false),
         (
             &[("pod-security.kubernetes.io/enforce", "privileged")],
