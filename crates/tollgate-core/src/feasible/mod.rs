@@ -108,17 +108,25 @@ pub(crate) struct Known {
 
 impl Known {
     /// What the context holds for a pod of `namespace`; a namespace it does not know yet
-    /// goes to `unresolved`, for the shell to fetch.
+    /// goes to `unresolved`, for the shell to fetch. `template`: the pod is a workload's
+    /// template, held to the namespace's Pod Security here. A pod itself is not: the
+    /// apiserver's own PodSecurity admission refuses it before the validating webhook sees
+    /// it, and the webhook's fast parse of a pod does not read what Pod Security checks.
     pub(crate) fn of(
         cluster: &dyn Cluster,
         namespace: &str,
+        template: bool,
         unresolved: &mut Vec<ObjectKey>,
     ) -> Known {
         Known {
             quotas: cluster.resource_quotas(namespace),
             nodes: cluster.nodes(),
             classes: cluster.device_classes(),
-            security: pod_security(cluster, namespace, unresolved),
+            security: if template {
+                pod_security(cluster, namespace, unresolved)
+            } else {
+                None
+            },
         }
     }
 
@@ -179,8 +187,8 @@ pub(crate) fn pod(
         classes,
         security,
     } = known;
-    // Pod Security's enforce level refuses the pod's create, whatever else holds: in its
-    // own words, as the apiserver's refusal reads.
+    // Pod Security's enforce level refuses the pods' creation (a workload's, by its
+    // controller), whatever else holds: in its own words, as the apiserver's refusal reads.
     if let (Some(security), Some(spec)) = (security, pod.spec.as_ref()) {
         if let Some(words) = pod_security_refusal(&security, &pod.metadata, spec) {
             out.findings.push(Obstacle {
@@ -255,13 +263,13 @@ mod tests {
         let none = |_: &str, _: &str| false;
         // Requests only: the limits are not read.
         let cluster = quota(json!({"requests.memory": "4Gi"}));
-        let known = Known::of(&cluster, "ml", &mut vec![]);
+        let known = Known::of(&cluster, "ml", false, &mut vec![]);
         let f = super::pod(&pod, "ml", &cluster, known, false, &none);
         assert!(f.usage.limits.is_empty());
         assert!(f.findings.is_empty(), "{:?}", f.findings);
         // A quota on limits.memory reads them, and finds the pod's 8Gi over its 4Gi.
         let cluster = quota(json!({"limits.memory": "4Gi"}));
-        let known = Known::of(&cluster, "ml", &mut vec![]);
+        let known = Known::of(&cluster, "ml", false, &mut vec![]);
         let f = super::pod(&pod, "ml", &cluster, known, false, &none);
         assert_eq!(f.usage.limits["memory"], 8 * (1 << 30) * 1_000_000_000);
         assert_eq!(f.findings.len(), 1);

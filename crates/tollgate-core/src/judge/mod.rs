@@ -132,7 +132,8 @@ pub(crate) fn pod(
             let opt_out = j.opt_out.take().unwrap_or_else(|| decide(pod));
             let mut d = validate::judge(policy, pod, &s.who, opt_out.clone());
             if policy.feasibility.mode != FeasibilityMode::Off && opt_out != OptOut::Honoured {
-                let known = feasible::Known::of(cluster, s.who.namespace, &mut j.unresolved);
+                let known =
+                    feasible::Known::of(cluster, s.who.namespace, s.template, &mut j.unresolved);
                 if let (Some(placement), Some(spec)) = (s.placement, pod.spec.as_mut()) {
                     if known.reads_placement() {
                         placement.fill(spec);
