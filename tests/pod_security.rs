@@ -286,16 +286,21 @@ async fn tollgates_pod_security_is_the_apiservers_on_generated_pods() {
             items.push((seed, ns.clone(), labels.clone(), pod.clone()));
         }
     }
-    let outcomes = common::apiserver::each(items, |(seed, ns, labels, pod)| {
-        let admin = admin.clone();
-        async move {
-            let mut sent = pod.clone();
-            sent["metadata"]["namespace"] = json!(ns);
-            let answer = common::apiserver::create(&admin, &sent, true).await;
-            (seed, labels, pod, answer)
-        }
-    })
-    .await;
+    // A few at a time: the plane is shared, and other tests wait on its informers.
+    use futures::StreamExt as _;
+    let outcomes: Vec<_> = futures::stream::iter(items)
+        .map(|(seed, ns, labels, pod)| {
+            let admin = admin.clone();
+            async move {
+                let mut sent = pod.clone();
+                sent["metadata"]["namespace"] = json!(ns);
+                let answer = common::apiserver::create(&admin, &sent, true).await;
+                (seed, labels, pod, answer)
+            }
+        })
+        .buffered(4)
+        .collect()
+        .await;
     let (mut refused, mut admitted, mut invalid) = (0, 0, 0);
     // Every check of baseline and restricted (but Windows' hostProcess, which a Linux pod
     // cannot carry validly beside the others) is seen refusing some pod.
