@@ -31,6 +31,7 @@ mod logs;
 mod metrics;
 mod monitoring;
 mod mutation_props;
+mod pod_security;
 mod policy_crds;
 mod policy_objects;
 mod readme;

@@ -257,6 +257,7 @@ etcd=$!
   --service-account-key-file pki/sa.pub --service-account-signing-key-file pki/sa.key \
   --token-auth-file pki/tokens.csv --authorization-mode RBAC --endpoint-reconciler-type none \
   --disable-admission-plugins ServiceAccount --runtime-config {runtime_config} \
+  --allow-privileged=true \
   >apiserver.log 2>&1 </dev/null &
 api=$!
 echo $api >apiserver.pid

@@ -30,6 +30,7 @@ mod optout;
 mod parse;
 mod pipeline;
 mod pod;
+mod podsecurity;
 mod policy;
 mod profile;
 mod quantity;
@@ -81,6 +82,13 @@ pub use cluster::{
     ObjectKey, Objects, Offline, DRA_API_VERSIONS, KUEUE_API_VERSIONS,
 };
 pub use trainjob::GROUP as TRAINER_GROUP;
+
+// Pod Security admission as the apiserver decides it: a namespace's labels, the checks.
+pub use podsecurity::{
+    pod_security_detail, pod_security_refusal, pod_security_violations,
+    LevelVersion as PodSecurityLevelVersion, PodSecurity, PodSecurityLevel, PodSecurityVersion,
+    Violation as PodSecurityViolation,
+};
 
 // The audit: an object already in the cluster judged as its CREATE would be.
 pub use audit::{

@@ -43,7 +43,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 
 use crate::capacity::Nodes;
-use crate::cluster::{Cluster, Lookup};
+use crate::cluster::{Cluster, ContextKind, Lookup, ObjectKey};
+use crate::podsecurity::{pod_security_refusal, PodSecurity};
 use crate::words::quote;
 
 pub(crate) use kueue::{kueue, KUEUE_QUEUE_LABEL};
@@ -101,14 +102,31 @@ pub(crate) struct Known {
     quotas: Option<Lookup<Arc<[Arc<ResourceQuota>]>>>,
     nodes: Option<Lookup<Arc<Nodes>>>,
     classes: Option<Lookup<Arc<BTreeSet<String>>>>,
+    /// The namespace's Pod Security (None: no label, or the namespace is not known).
+    security: Option<PodSecurity>,
 }
 
 impl Known {
-    pub(crate) fn of(cluster: &dyn Cluster, namespace: &str) -> Known {
+    /// What the context holds for a pod of `namespace`; a namespace it does not know yet
+    /// goes to `unresolved`, for the shell to fetch. `template`: the pod is a workload's
+    /// template, held to the namespace's Pod Security here. A pod itself is not: the
+    /// apiserver's own PodSecurity admission refuses it before the validating webhook sees
+    /// it, and the webhook's fast parse of a pod does not read what Pod Security checks.
+    pub(crate) fn of(
+        cluster: &dyn Cluster,
+        namespace: &str,
+        template: bool,
+        unresolved: &mut Vec<ObjectKey>,
+    ) -> Known {
         Known {
             quotas: cluster.resource_quotas(namespace),
             nodes: cluster.nodes(),
             classes: cluster.device_classes(),
+            security: if template {
+                pod_security(cluster, namespace, unresolved)
+            } else {
+                None
+            },
         }
     }
 
@@ -116,6 +134,32 @@ impl Known {
     /// nodes, and by a quota's scope.
     pub(crate) fn reads_placement(&self) -> bool {
         self.nodes.is_some() || self.quotas.is_some()
+    }
+}
+
+/// The Pod Security of `namespace`, from its labels (None: it has none, or does not
+/// exist). A namespace the context does not know yet (a cache that has not seen it) is put
+/// in `unresolved`, so that the shell fetches it and judges again; until then nothing is
+/// said of it.
+pub(crate) fn pod_security(
+    cluster: &dyn Cluster,
+    namespace: &str,
+    unresolved: &mut Vec<ObjectKey>,
+) -> Option<PodSecurity> {
+    match cluster.namespace(namespace) {
+        Lookup::Found(n) => n.metadata.labels.as_ref().and_then(PodSecurity::of_labels),
+        Lookup::Absent => None,
+        Lookup::Unknown => {
+            let key = ObjectKey {
+                kind: ContextKind::Namespace,
+                namespace: String::new(),
+                name: namespace.to_owned(),
+            };
+            if !cluster.is_offline() && !namespace.is_empty() && !unresolved.contains(&key) {
+                unresolved.push(key);
+            }
+            None
+        }
     }
 }
 
@@ -141,7 +185,22 @@ pub(crate) fn pod(
         quotas,
         nodes,
         classes,
+        security,
     } = known;
+    // Pod Security's enforce level refuses the pods' creation (a workload's, by its
+    // controller), whatever else holds: in its own words, as the apiserver's refusal reads.
+    if let (Some(security), Some(spec)) = (security, pod.spec.as_ref()) {
+        if let Some(words) = pod_security_refusal(&security, &pod.metadata, spec) {
+            out.findings.push(Obstacle {
+                never: true,
+                in_turns: false,
+                message: format!(
+                    "namespace {} enforces Pod Security, which refuses it: {words}",
+                    quote(namespace)
+                ),
+            });
+        }
+    }
     // Nothing to judge it against: measuring what it asks for would be wasted.
     if !queued && quotas.is_none() && nodes.is_none() && classes.is_none() {
         return out;
@@ -204,13 +263,13 @@ mod tests {
         let none = |_: &str, _: &str| false;
         // Requests only: the limits are not read.
         let cluster = quota(json!({"requests.memory": "4Gi"}));
-        let known = Known::of(&cluster, "ml");
+        let known = Known::of(&cluster, "ml", false, &mut vec![]);
         let f = super::pod(&pod, "ml", &cluster, known, false, &none);
         assert!(f.usage.limits.is_empty());
         assert!(f.findings.is_empty(), "{:?}", f.findings);
         // A quota on limits.memory reads them, and finds the pod's 8Gi over its 4Gi.
         let cluster = quota(json!({"limits.memory": "4Gi"}));
-        let known = Known::of(&cluster, "ml");
+        let known = Known::of(&cluster, "ml", false, &mut vec![]);
         let f = super::pod(&pod, "ml", &cluster, known, false, &none);
         assert_eq!(f.usage.limits["memory"], 8 * (1 << 30) * 1_000_000_000);
         assert_eq!(f.findings.len(), 1);

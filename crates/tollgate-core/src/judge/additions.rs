@@ -30,6 +30,7 @@ impl Policy {
     pub fn from_written(source: &str, written: &serde_json::Value) -> Result<Policy, PolicyError> {
         let mut policy = Policy::parse_written(source, written)?;
         check_additions(&policy, source, "")?;
+        check_pod_security(&policy, source, "")?;
         if source != BUILTIN_SOURCE {
             policy.layers.file = Some(crate::policy::Written {
                 source: source.to_owned(),
@@ -38,7 +39,9 @@ impl Policy {
         }
         for p in &policy.profiles {
             if let Some(resolved) = p.policy() {
-                check_additions(resolved, source, &format!("profiles[{}].", p.name))?;
+                let at = format!("profiles[{}].", p.name);
+                check_additions(resolved, source, &at)?;
+                check_pod_security(resolved, source, &at)?;
             }
         }
         Ok(policy)
@@ -54,6 +57,7 @@ impl Policy {
     ) -> Result<Policy, PolicyError> {
         let policy = Policy::resolve_sections(source, base, layers)?;
         check_additions(&policy, source, "")?;
+        check_pod_security(&policy, source, "")?;
         Ok(policy)
     }
 
@@ -147,6 +151,69 @@ fn check_additions(policy: &Policy, source: &str, at: &str) -> Result<(), Policy
     ))
 }
 
+/// Refuses `policy` when its metrics sidecar could never run where Pod Security is
+/// restricted, even as tollgate gives it what restricted requires (`mutate::heed`): it sets
+/// what restricted forbids (privileged, `runAsUser: 0`, `runAsNonRoot: false`, a
+/// capability added, ...). Such a sidecar would make every training pod of a restricted
+/// namespace one Pod Security refuses. A probe training pod that meets restricted itself
+/// is mutated in a namespace labelled `enforce: restricted`; whatever restricted then finds
+/// is tollgate's.
+fn check_pod_security(policy: &Policy, source: &str, at: &str) -> Result<(), PolicyError> {
+    let sidecar = &policy.mutation.metrics_sidecar;
+    if !policy.mutation.enabled(crate::policy::Step::MetricsSidecar) {
+        return Ok(());
+    }
+    let mut probe: Pod = match serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "probe", "namespace": "probe",
+            "annotations": {(policy.selection.training_annotation.clone()): "true"}},
+        "spec": {"containers": [{"name": PROBE, "image": "probe", "securityContext": {
+            "allowPrivilegeEscalation": false, "runAsNonRoot": true,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}
+        }}]}
+    })) {
+        Ok(p) => p,
+        Err(_) => return Ok(()),
+    };
+    let mut context = Objects::complete();
+    if let Ok(ns) = serde_json::from_value(serde_json::json!({"metadata": {"name": "probe",
+        "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}))
+    {
+        context.add_namespace(ns);
+    }
+    let groups = vec![crate::requester::AUTHENTICATED.to_owned()];
+    let subject = Subject {
+        policy,
+        profile: None,
+        who: Requester::new("probe", "probe", &groups),
+        operation: Operation::Create,
+        opt_out: Some(crate::optout::OptOut::NotRequested),
+        template: false,
+        queued: false,
+        placement: None,
+    };
+    super::pod(&subject, &context, &mut probe, Stage::Mutate, false);
+    let Some(spec) = probe.spec.as_ref() else {
+        return Ok(());
+    };
+    let found = crate::podsecurity::pod_security_violations(
+        crate::podsecurity::RESTRICTED_LATEST,
+        &probe.metadata,
+        spec,
+    );
+    if found.is_empty() {
+        return Ok(());
+    }
+    Err(PolicyError::field(
+        source,
+        format!("{at}mutation.metricsSidecar.container.securityContext"),
+        format!(
+            "the metrics sidecar {:?} could never run in a namespace whose Pod Security is restricted, even with what tollgate gives it there (a RuntimeDefault seccomp profile, runAsNonRoot, no privilege escalation, every capability dropped): violates PodSecurity \"restricted:latest\": {}. Set its securityContext as restricted allows, or turn the sidecar off",
+            sidecar.container.name,
+            crate::podsecurity::pod_security_detail(&found),
+        ),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,6 +261,31 @@ mod tests {
             "validation:\n  mode: warn\n  requiredRequests: [cpu, ephemeral-storage]\n",
         );
         assert!(e.is_err());
+    }
+
+    #[test]
+    fn a_sidecar_restricted_can_never_admit_refuses_the_policy() {
+        for (set, words) in [
+            ("runAsUser: 0", "runAsUser=0 (container \"tollgate-metrics\" must not set runAsUser=0)"),
+            ("privileged: true", "privileged (container \"tollgate-metrics\" must not set securityContext.privileged=true)"),
+            ("runAsNonRoot: false", "runAsNonRoot != true"),
+            ("capabilities: {add: [NET_ADMIN]}", "must not include \"NET_ADMIN\""),
+        ] {
+            let text = format!(
+                "mutation:\n  metricsSidecar:\n    container:\n      securityContext: {{{set}}}\n"
+            );
+            let e = Policy::from_text("p.yaml", &text).unwrap_err().to_string();
+            assert!(
+                e.starts_with("p.yaml: field `mutation.metricsSidecar.container.securityContext`"),
+                "{e}"
+            );
+            assert!(e.contains(words), "{set}: {e}");
+        }
+        // What tollgate gives it at restricted is not asked of the policy.
+        let bare = "mutation:\n  metricsSidecar:\n    container:\n      securityContext: null\n";
+        assert!(Policy::from_text("p.yaml", bare).is_ok());
+        let off = "mutation:\n  metricsSidecar:\n    enabled: false\n    container:\n      securityContext: {runAsUser: 0}\n";
+        assert!(Policy::from_text("p.yaml", off).is_ok());
     }
 
     #[test]

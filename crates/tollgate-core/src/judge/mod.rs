@@ -132,7 +132,8 @@ pub(crate) fn pod(
             let opt_out = j.opt_out.take().unwrap_or_else(|| decide(pod));
             let mut d = validate::judge(policy, pod, &s.who, opt_out.clone());
             if policy.feasibility.mode != FeasibilityMode::Off && opt_out != OptOut::Honoured {
-                let known = feasible::Known::of(cluster, s.who.namespace);
+                let known =
+                    feasible::Known::of(cluster, s.who.namespace, s.template, &mut j.unresolved);
                 if let (Some(placement), Some(spec)) = (s.placement, pod.spec.as_mut()) {
                     if known.reads_placement() {
                         placement.fill(spec);
@@ -264,7 +265,10 @@ fn mutation(
         return m;
     }
     let before = patch.then(|| diff::Snapshot::of(pod));
-    m.report = mutate::mutate(policy, pod, &gpus, s.profile);
+    // What the namespace's Pod Security forbids is not added (mutate::heed).
+    let security = feasible::pod_security(cluster, s.who.namespace, &mut j.unresolved);
+    let heed = mutate::Heed::of(s.who.namespace, security);
+    m.report = mutate::mutate_heeding(policy, pod, &gpus, s.profile, &heed);
     m.warnings.append(&mut m.report.warnings);
     let Some(before) = before else {
         return m;

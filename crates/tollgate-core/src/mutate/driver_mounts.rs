@@ -13,29 +13,47 @@ use k8s_openapi::api::core::v1::{
     Container, EnvVar, HostPathVolumeSource, Pod, PodSpec, Volume, VolumeMount,
 };
 
-use super::Added;
+use super::{Added, Heed};
 use crate::gpu::{Class, Gpus};
 use crate::policy::{Driver, EnvEntry, HostMount, IfPresent, Policy};
 
 /// [`apply`] with the pod's GPUs read from the pod alone.
 #[cfg(test)]
 pub(crate) fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
-    super::alone(apply, policy, pod, warnings)
+    super::alone(
+        |policy, gpus, pod, added, warnings| {
+            apply(policy, gpus, pod, added, warnings, &Heed::default())
+        },
+        policy,
+        pod,
+        warnings,
+    )
 }
 
 /// Mounts the driver of each `hostPath` class into the containers that use a GPU of it.
 /// Classes whose driver the runtime injects (`runtime`: device plugins with CDI, DRA
-/// drivers) get nothing: a redundant hostPath only makes Pod Security refuse the pod.
+/// drivers) get nothing: a redundant hostPath only makes Pod Security refuse the pod. Where
+/// the namespace's Pod Security forbids hostPath volumes (`heed`), a `hostPath` class is
+/// left to the runtime too, with a warning once per class.
 pub(crate) fn apply(
     _: &Policy,
     gpus: &Gpus<'_>,
     pod: &mut Pod,
     added: &mut Vec<Added>,
     warnings: &mut Vec<String>,
+    heed: &Heed<'_>,
 ) -> bool {
     let Some(spec) = pod.spec.as_mut() else {
         return false;
     };
+    for class in &gpus.classes {
+        if let (_, Some(veto)) = heed.driver(class.spec.driver) {
+            let volumes: Vec<&str> = class.spec.mounts.iter().map(|m| m.name.as_str()).collect();
+            if !volumes.is_empty() {
+                warnings.push(veto.warning(heed, class.name, &volumes));
+            }
+        }
+    }
     // Split borrows: containers are changed while the pod's volumes are looked up.
     let PodSpec {
         init_containers,
@@ -49,7 +67,7 @@ pub(crate) fn apply(
     // not once per container, since the user made one decision.
     let mut foreign: Vec<&str> = Vec::new();
     for (kind, c) in all {
-        for class in host_path_classes(gpus, &c.name) {
+        for class in host_path_classes(gpus, &c.name, heed) {
             let wanted = class.spec;
             for m in &wanted.mounts {
                 if find_volume(volumes, &m.name).is_some_and(|v| !is_ours(v, m)) {
@@ -126,11 +144,12 @@ pub(crate) fn apply(
     changed
 }
 
-/// The classes with a hostPath driver that a container uses a GPU of, each once, by name.
-fn host_path_classes<'p>(gpus: &Gpus<'p>, container: &str) -> Vec<Class<'p>> {
+/// The classes with a hostPath driver, as Pod Security leaves it (`heed`), that a container
+/// uses a GPU of, each once, by name.
+fn host_path_classes<'p>(gpus: &Gpus<'p>, container: &str, heed: &Heed<'_>) -> Vec<Class<'p>> {
     let mut out: Vec<Class<'p>> = Vec::new();
     for u in gpus.of_container(container) {
-        if u.class.spec.driver == Driver::HostPath && !out.contains(&u.class) {
+        if heed.driver(u.class.spec.driver).0 == Driver::HostPath && !out.contains(&u.class) {
             out.push(u.class);
         }
     }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::Added;
+use super::{Added, Heed};
 use crate::pod::containers;
 use crate::policy::{Policy, SidecarMode};
 use crate::quantity;
@@ -20,14 +20,16 @@ use crate::words::join_words;
 /// [`apply`], keeping only the warnings (the step's own tests).
 #[cfg(test)]
 pub(crate) fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
-    apply(policy, pod, &mut Vec::new(), warnings)
+    apply(policy, pod, &mut Vec::new(), warnings, &Heed::default())
 }
 
+/// Adds the sidecar, as the namespace's Pod Security requires it (`heed`).
 pub(crate) fn apply(
     policy: &Policy,
     pod: &mut Pod,
     added: &mut Vec<Added>,
     warnings: &mut Vec<String>,
+    heed: &Heed<'_>,
 ) -> bool {
     let sidecar = &policy.mutation.metrics_sidecar;
     let template = &sidecar.container;
@@ -42,6 +44,7 @@ pub(crate) fn apply(
                 native: sidecar.mode == SidecarMode::Native,
             });
             let mut c = ours(template, sidecar.mode);
+            heed.sidecar(spec, &mut c);
             if let Some(w) = fit_pod_level(spec, &mut c, sidecar.mode) {
                 warnings.push(w);
             }

@@ -8,6 +8,7 @@
 
 pub(crate) mod default_resources;
 pub(crate) mod driver_mounts;
+pub(crate) mod heed;
 pub(crate) mod metrics_sidecar;
 pub(crate) mod tolerations;
 
@@ -18,6 +19,7 @@ use crate::gpu::Gpus;
 use crate::pod::annotation_is_true;
 use crate::policy::Policy;
 pub(crate) use crate::policy::Step;
+pub(crate) use heed::Heed;
 
 /// What mutation did to a pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -162,8 +164,21 @@ pub fn is_training_pod(policy: &Policy, pod: &Pod, gpus: &Gpus<'_>) -> bool {
 /// [`Gpus::of`]). The caller decides whether the pod is one and whether it opted out.
 ///
 /// `profile` is the policy profile that chose `policy` (None: the base), recorded in the
-/// applied annotation with the steps.
+/// applied annotation with the steps. The namespace's Pod Security is not known here:
+/// [`mutate_heeding`] is the judgement's.
 pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>, profile: Option<&str>) -> Report {
+    mutate_heeding(policy, pod, gpus, profile, &Heed::default())
+}
+
+/// [`mutate`], heeding the namespace's Pod Security (`heed`): nothing its levels forbid is
+/// added, and the applied annotation says what was left out.
+pub(crate) fn mutate_heeding(
+    policy: &Policy,
+    pod: &mut Pod,
+    gpus: &Gpus<'_>,
+    profile: Option<&str>,
+    heed: &Heed<'_>,
+) -> Report {
     let m = &policy.mutation;
     let mut out = Report::default();
     let mut added = Vec::new();
@@ -174,32 +189,53 @@ pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>, profile: Option<&
             continue;
         }
         let apply: StepFn = match step {
-            Step::Tolerations => tolerations::apply,
-            Step::DriverMounts => driver_mounts::apply,
-            Step::MetricsSidecar => |policy, _, pod, added, warnings| {
-                metrics_sidecar::apply(policy, pod, added, warnings)
+            Step::Tolerations => |policy, gpus, pod, added, warnings, _| {
+                tolerations::apply(policy, gpus, pod, added, warnings)
             },
-            Step::DefaultResources => default_resources::apply,
+            Step::DriverMounts => driver_mounts::apply,
+            Step::MetricsSidecar => |policy, _, pod, added, warnings, heed| {
+                metrics_sidecar::apply(policy, pod, added, warnings, heed)
+            },
+            Step::DefaultResources => |policy, gpus, pod, added, warnings, _| {
+                default_resources::apply(policy, gpus, pod, added, warnings)
+            },
         };
-        if apply(policy, gpus, pod, &mut added, &mut out.warnings) {
+        if apply(policy, gpus, pod, &mut added, &mut out.warnings, heed) {
             out.applied.push(step);
         }
         out.added.extend(added.drain(..).map(|a| (step, a)));
     }
     let classes: Vec<&str> = gpus.classes.iter().map(|c| c.name).collect();
-    record_applied(policy, pod, &out.applied, &classes, profile);
+    // A driver Pod Security kept out is said beside the steps, as the warning says it.
+    let left = if m.enabled(Step::DriverMounts) {
+        gpus.classes
+            .iter()
+            .find_map(|c| heed.driver(c.spec.driver).1)
+            .map(|v| v.applied())
+    } else {
+        None
+    };
+    record_applied(
+        policy,
+        pod,
+        &out.applied,
+        &classes,
+        left.as_deref(),
+        profile,
+    );
     out
 }
 
-/// A step as [`mutate`] runs it, with the pod's GPUs: it records what it added and warns,
-/// and says whether it changed the pod.
-type StepFn = fn(&Policy, &Gpus<'_>, &mut Pod, &mut Vec<Added>, &mut Vec<String>) -> bool;
+/// A step as [`mutate`] runs it, with the pod's GPUs and the namespace's Pod Security: it
+/// records what it added and warns, and says whether it changed the pod.
+type StepFn =
+    fn(&Policy, &Gpus<'_>, &mut Pod, &mut Vec<Added>, &mut Vec<String>, &Heed<'_>) -> bool;
 
 /// A step on its own: it reads the pod's GPUs itself, without a cluster context, and
 /// keeps only its warnings (the steps' own tests).
 #[cfg(test)]
 pub(crate) fn alone(
-    apply: StepFn,
+    apply: fn(&Policy, &Gpus<'_>, &mut Pod, &mut Vec<Added>, &mut Vec<String>) -> bool,
     policy: &Policy,
     pod: &mut Pod,
     warnings: &mut Vec<String>,
@@ -209,12 +245,16 @@ pub(crate) fn alone(
 }
 
 /// One item of the applied annotation: a step, the GPU class it recognised
-/// (`gpu=nvidia`), or the profile of the policy it applied (`profile=team-a`). Steps come
-/// first, in their order, then the classes by name, then the profile.
+/// (`gpu=nvidia`), a driver the namespace's Pod Security kept out
+/// (`driver=runtime(pod-security:baseline)`), or the profile of the policy it applied
+/// (`profile=team-a`). Steps come first, in their order, then the classes by name, the
+/// driver, then the profile.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Applied {
     Step(Step),
     Gpu(String),
+    /// A driver not mounted, and why: `driver=runtime(pod-security:baseline)`.
+    Driver(String),
     Profile(String),
 }
 
@@ -222,6 +262,9 @@ impl Applied {
     fn parse(s: &str) -> Option<Applied> {
         if let Some(class) = s.strip_prefix("gpu=") {
             return (!class.is_empty()).then(|| Applied::Gpu(class.to_owned()));
+        }
+        if let Some(driver) = s.strip_prefix("driver=") {
+            return (!driver.is_empty()).then(|| Applied::Driver(driver.to_owned()));
         }
         if let Some(profile) = s.strip_prefix("profile=") {
             return (!profile.is_empty()).then(|| Applied::Profile(profile.to_owned()));
@@ -235,6 +278,10 @@ impl Applied {
             Applied::Gpu(c) => {
                 out.push_str("gpu=");
                 out.push_str(c);
+            }
+            Applied::Driver(d) => {
+                out.push_str("driver=");
+                out.push_str(d);
             }
             Applied::Profile(p) => {
                 out.push_str("profile=");
@@ -252,6 +299,7 @@ fn record_applied(
     pod: &mut Pod,
     applied: &[Step],
     classes: &[&str],
+    driver: Option<&str>,
     profile: Option<&str>,
 ) {
     let key = &policy.mutation.applied_annotation;
@@ -270,6 +318,7 @@ fn record_applied(
     let context = classes
         .iter()
         .map(|c| Applied::Gpu((*c).to_owned()))
+        .chain(driver.map(|d| Applied::Driver(d.to_owned())))
         .chain(profile.map(|p| Applied::Profile(p.to_owned())))
         .filter(|_| !applied.is_empty());
     let new = applied.iter().map(|s| Applied::Step(*s)).chain(context);
