@@ -151,7 +151,15 @@ pub(crate) fn pod(
                         m.container == container && m.resources.iter().any(|r| r == resource)
                     })
                 };
-                let f = feasible::pod(pod, s.who.namespace, cluster, known, s.queued, &told);
+                let f = feasible::pod(
+                    policy,
+                    pod,
+                    s.who.namespace,
+                    cluster,
+                    known,
+                    s.queued,
+                    &told,
+                );
                 if !s.template {
                     decide_feasibility(policy, pod, &f, &mut d);
                 }
@@ -264,7 +272,7 @@ fn mutation(
         return m;
     }
     let before = patch.then(|| diff::Snapshot::of(pod));
-    m.report = mutate::mutate(policy, pod, &gpus, s.profile);
+    m.report = mutate::mutate(policy, pod, &gpus, s.profile, cluster);
     m.warnings.append(&mut m.report.warnings);
     let Some(before) = before else {
         return m;

@@ -14,6 +14,7 @@ pub(crate) mod tolerations;
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 use serde_json::{json, Value};
 
+use crate::cluster::Cluster;
 use crate::gpu::Gpus;
 use crate::pod::annotation_is_true;
 use crate::policy::Policy;
@@ -163,7 +164,16 @@ pub fn is_training_pod(policy: &Policy, pod: &Pod, gpus: &Gpus<'_>) -> bool {
 ///
 /// `profile` is the policy profile that chose `policy` (None: the base), recorded in the
 /// applied annotation with the steps.
-pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>, profile: Option<&str>) -> Report {
+///
+/// `cluster`: what the steps read of the cluster (the nodes a `driver: auto` class decides
+/// from).
+pub fn mutate(
+    policy: &Policy,
+    pod: &mut Pod,
+    gpus: &Gpus<'_>,
+    profile: Option<&str>,
+    cluster: &dyn Cluster,
+) -> Report {
     let m = &policy.mutation;
     let mut out = Report::default();
     let mut added = Vec::new();
@@ -176,12 +186,12 @@ pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>, profile: Option<&
         let apply: StepFn = match step {
             Step::Tolerations => tolerations::apply,
             Step::DriverMounts => driver_mounts::apply,
-            Step::MetricsSidecar => |policy, _, pod, added, warnings| {
+            Step::MetricsSidecar => |policy, _, _, pod, added, warnings| {
                 metrics_sidecar::apply(policy, pod, added, warnings)
             },
             Step::DefaultResources => default_resources::apply,
         };
-        if apply(policy, gpus, pod, &mut added, &mut out.warnings) {
+        if apply(policy, gpus, cluster, pod, &mut added, &mut out.warnings) {
             out.applied.push(step);
         }
         out.added.extend(added.drain(..).map(|a| (step, a)));
@@ -191,9 +201,10 @@ pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>, profile: Option<&
     out
 }
 
-/// A step as [`mutate`] runs it, with the pod's GPUs: it records what it added and warns,
-/// and says whether it changed the pod.
-type StepFn = fn(&Policy, &Gpus<'_>, &mut Pod, &mut Vec<Added>, &mut Vec<String>) -> bool;
+/// A step as [`mutate`] runs it, with the pod's GPUs and the cluster: it records what it
+/// added and warns, and says whether it changed the pod.
+type StepFn =
+    fn(&Policy, &Gpus<'_>, &dyn Cluster, &mut Pod, &mut Vec<Added>, &mut Vec<String>) -> bool;
 
 /// A step on its own: it reads the pod's GPUs itself, without a cluster context, and
 /// keeps only its warnings (the steps' own tests).
@@ -205,7 +216,14 @@ pub(crate) fn alone(
     warnings: &mut Vec<String>,
 ) -> bool {
     let gpus = Gpus::of(policy, pod, "", &crate::cluster::Offline);
-    apply(policy, &gpus, pod, &mut Vec::new(), warnings)
+    apply(
+        policy,
+        &gpus,
+        &crate::cluster::Offline,
+        pod,
+        &mut Vec::new(),
+        warnings,
+    )
 }
 
 /// One item of the applied annotation: a step, the GPU class it recognised

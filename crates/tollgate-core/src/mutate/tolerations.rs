@@ -24,6 +24,7 @@ pub(crate) fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>)
 pub(crate) fn apply(
     _: &Policy,
     gpus: &Gpus<'_>,
+    _: &dyn crate::cluster::Cluster,
     pod: &mut Pod,
     added: &mut Vec<Added>,
     warnings: &mut Vec<String>,
