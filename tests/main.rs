@@ -22,6 +22,7 @@ mod export_equivalence;
 mod export_kubectl;
 mod feasibility_context;
 mod golden;
+mod gpu_context;
 mod helm;
 mod http;
 mod layers;
