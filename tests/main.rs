@@ -23,6 +23,7 @@ mod export_kubectl;
 mod export_mutating;
 mod feasibility_context;
 mod golden;
+mod gpu_context;
 mod helm;
 mod http;
 mod layers;

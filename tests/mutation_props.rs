@@ -370,7 +370,7 @@ fn policies() -> Vec<(&'static str, Policy)> {
 /// The mutation steps as a review runs them on a pod of namespace `ml`, in [`context`].
 fn mutate(policy: &Policy, pod: &mut Pod) -> Report {
     let gpus = Gpus::of(policy, pod, "ml", context());
-    tollgate_core::mutate(policy, pod, &gpus, None)
+    tollgate_core::mutate(policy, pod, &gpus, None, context())
 }
 
 fn is_training_pod(policy: &Policy, pod: &Pod) -> bool {
@@ -567,7 +567,7 @@ fn generated_reviews_patch_cleanly() {
         );
         assert_eq!(chosen.profile.is_some(), profiled, "seed {seed}");
         let gpus = Gpus::of(chosen.policy, &expected, "ml", context);
-        tollgate_core::mutate(chosen.policy, &mut expected, &gpus, chosen.profile);
+        tollgate_core::mutate(chosen.policy, &mut expected, &gpus, chosen.profile, context);
         // A second pass over what the apiserver stores yields no patch.
         let mut again = review.clone();
         again["request"]["object"] = patched.clone();

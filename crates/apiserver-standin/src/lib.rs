@@ -29,7 +29,7 @@
 //!   `failed_secret_creates_are_retried_with_the_same_ca`;
 //! - the requests themselves as the claim, read from the request log
 //!   ([`ApiServer::requests_for`]): audit `pods_are_listed_in_pages_namespace_by_namespace`
-//!   (the pages of a list), `audit_reports_what_can_never_run` (a cluster per golden case,
+//!   (the pages of a list), `audit_reports_what_can_never_run` (a cluster per golden case of feasibility or nodes,
 //!   nodes and classes each listed once);
 //! - tens of thousands of pods put in place at once ([`ApiServer::insert_many`]), for
 //!   measurements: audit `memory_stays_flat_from_5000_to_20000_pods` (and the ignored

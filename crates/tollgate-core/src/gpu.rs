@@ -48,6 +48,11 @@ static EXTENDED: GpuClass = GpuClass {
     device_classes: Vec::new(),
     tolerations: None,
     driver: Driver::Runtime,
+    runtime_node_labels: Vec::new(),
+    driver_fallback: None,
+    shares: Vec::new(),
+    shared_from: None,
+    fractions: None,
     mounts: Vec::new(),
     env: Vec::new(),
     per_gpu: std::collections::BTreeMap::new(),
@@ -58,6 +63,9 @@ static EXTENDED: GpuClass = GpuClass {
 pub enum Via {
     /// An extended resource, by name.
     Resource(String),
+    /// A fraction of a GPU, asked for by this pod annotation (KAI Scheduler's
+    /// `gpu-fraction`), which its scheduler hands out.
+    Fraction(String),
     /// A request of one of the pod's claims.
     Claim {
         claim: String,
@@ -159,8 +167,67 @@ impl<'p> Gpus<'p> {
                 });
             }
         }
+        out.fractions(policy, pod);
         out.classes.sort_by_key(|c| c.name);
         out
+    }
+
+    /// A fraction of a GPU asked for by annotation, for a scheduler that hands fractions
+    /// out (KAI Scheduler): a GPU of the class (of `gpu-fraction-num-devices` GPUs) for
+    /// the container the pod names, else its first container.
+    fn fractions(&mut self, policy: &'p Policy, pod: &Pod) {
+        let (Some(spec), Some(annotations)) =
+            (pod.spec.as_ref(), pod.metadata.annotations.as_ref())
+        else {
+            return;
+        };
+        let scheduler = spec
+            .scheduler_name
+            .as_deref()
+            .unwrap_or("default-scheduler");
+        for (name, class) in &policy.gpu.classes {
+            let Some(f) = class.fractions.as_ref() else {
+                continue;
+            };
+            if !f.scheduler_names.iter().any(|s| s == scheduler) {
+                continue;
+            }
+            let Some(annotation) = f.annotations.iter().find(|a| annotations.contains_key(*a))
+            else {
+                continue;
+            };
+            let named = annotations.get(&f.container_annotation).map(String::as_str);
+            let Some(container) = spec
+                .containers
+                .iter()
+                .find(|c| named.is_none_or(|n| c.name == n))
+            else {
+                continue;
+            };
+            let devices = annotations
+                .get(&f.devices_annotation)
+                .and_then(|n| n.trim().parse::<i128>().ok())
+                .filter(|n| *n > 0)
+                .unwrap_or(1);
+            let class = Class { name, spec: class };
+            let u = Use {
+                class,
+                source: Via::Fraction(annotation.clone()),
+                count: Some(devices * NANO),
+            };
+            match self
+                .containers
+                .iter_mut()
+                .find(|c| c.name == container.name)
+            {
+                Some(c) => c.uses.push(u),
+                None => self.containers.push(ContainerGpus {
+                    name: container.name.clone(),
+                    uses: vec![u],
+                }),
+            }
+            self.add_class(class);
+        }
     }
 
     /// Whether the pod asks for any GPU the policy knows.
@@ -201,11 +268,22 @@ impl<'p> Gpus<'p> {
             .flat_map(|c| &c.uses)
             .filter_map(|u| match &u.source {
                 Via::Resource(r) => Some((u.class, r.as_str())),
-                Via::Claim { .. } => None,
+                Via::Fraction(_) | Via::Claim { .. } => None,
             })
             .collect();
         resources.sort_by_key(|(c, r)| (c.name, *r));
         resources.dedup_by_key(|(c, r)| (c.name, *r));
+        // A fraction asked for by annotation: named in the reason, with no toleration of
+        // its own where the class lists none (the annotation is no taint key).
+        let fractions: Vec<(Class<'p>, String)> = self
+            .containers
+            .iter()
+            .flat_map(|c| &c.uses)
+            .filter_map(|u| match &u.source {
+                Via::Fraction(a) => Some((u.class, format!("annotation {a}"))),
+                _ => None,
+            })
+            .collect();
         for &class in &self.classes {
             match &class.spec.tolerations {
                 Some(list) => {
@@ -214,6 +292,12 @@ impl<'p> Gpus<'p> {
                         .filter(|(c, _)| c.name == class.name)
                         .map(|(_, r)| (*r).to_owned())
                         .collect();
+                    because.extend(
+                        fractions
+                            .iter()
+                            .filter(|(c, _)| c.name == class.name)
+                            .map(|(_, why)| why.clone()),
+                    );
                     because.extend(
                         self.claim_classes
                             .iter()
@@ -436,6 +520,24 @@ fn resource_uses<'p>(policy: &'p Policy, c: &Container) -> Vec<Use<'p>> {
             source: Via::Resource(name.clone()),
             count,
         });
+    }
+    // A share (HAMi's nvidia.com/gpumem) is part of a GPU the container asks for otherwise;
+    // alone, it is the one GPU its scheduler's webhook gives it.
+    let mut shared: Vec<&str> = vec![];
+    for i in 0..out.len() {
+        let Via::Resource(name) = &out[i].source else {
+            continue;
+        };
+        if !out[i].class.spec.is_share(name) {
+            continue;
+        }
+        let class = out[i].class;
+        let alone = !shared.contains(&class.name)
+            && !out.iter().any(|u| {
+                u.class == class && matches!(&u.source, Via::Resource(n) if !class.spec.is_share(n))
+            });
+        out[i].count = Some(if alone { NANO } else { 0 });
+        shared.push(class.name);
     }
     out
 }

@@ -104,6 +104,36 @@ pub(super) fn scope_notes(scope: &MapScope<'_>, notes: &mut Vec<Note>) {
         });
     }
     for (name, class) in &p.gpu.classes {
+        if class.driver == Driver::Auto && p.mutation.driver_mounts.enabled {
+            notes.push(Note {
+                kind: NoteKind::Differs,
+                field: "gpu.classes.driver",
+                text: format!(
+                    "differs ({}): class {name}'s driver: auto is decided from the Nodes, which \
+                     a policy cannot read: exported as its driverFallback ({}), as the webhook \
+                     decides with no node known. Where the nodes inject the driver, set \
+                     driver: runtime in the policy you export",
+                    scope.name,
+                    if mounts_driver(class) {
+                        "hostPath"
+                    } else {
+                        "runtime"
+                    }
+                ),
+            });
+        }
+        if !class.shares.is_empty() || class.fractions.is_some() {
+            notes.push(Note {
+                kind: NoteKind::Unexported,
+                field: "gpu.classes.shares",
+                text: format!(
+                    "left to the mutating webhook ({}): pods asking for a share or a fraction \
+                     of a class {name} GPU (shares, fractions), which count as GPUs the way \
+                     the webhook reads them, not as CEL can",
+                    scope.name
+                ),
+            });
+        }
         for (r, q) in &class.per_gpu {
             if milli(q).is_none() {
                 notes.push(Note {
@@ -118,6 +148,18 @@ pub(super) fn scope_notes(scope: &MapScope<'_>, notes: &mut Vec<Note>) {
             }
         }
     }
+    if pod_security_matters(p) {
+        notes.push(Note {
+            kind: NoteKind::Unexported,
+            field: "mutation",
+            text: format!(
+                "left to the mutating webhook ({}): pods of namespaces whose Pod Security is \
+                 baseline or restricted in any mode, where the webhook leaves a hostPath \
+                 driver to the runtime and gives the sidecar what restricted requires",
+                scope.name
+            ),
+        });
+    }
     for (r, q) in &p.mutation.default_resources.per_gpu {
         if milli(q).is_none() {
             notes.push(Note {
@@ -131,6 +173,37 @@ pub(super) fn scope_notes(scope: &MapScope<'_>, notes: &mut Vec<Note>) {
             });
         }
     }
+}
+
+/// Whether the export mounts a class's driver: `hostPath`, and `auto` by its
+/// `driverFallback` (hostPath unless it says `runtime`), as the webhook decides with no
+/// node known: a policy cannot read the Nodes `auto` decides from.
+fn mounts_driver(class: &GpuClass) -> bool {
+    match class.driver {
+        Driver::HostPath => true,
+        Driver::Runtime => false,
+        Driver::Auto => class.driver_fallback != Some(Driver::Runtime),
+    }
+}
+
+/// Whether the policy adds what Pod Security at baseline or restricted forbids or wants
+/// hardened: a driver mount of some class, or the metrics sidecar.
+fn pod_security_matters(p: &Policy) -> bool {
+    let m = &p.mutation;
+    (m.driver_mounts.enabled && p.gpu.classes.values().any(mounts_driver))
+        || m.metrics_sidecar.enabled
+}
+
+/// The pod's namespace has a Pod Security level of baseline or restricted in some mode
+/// (CEL): an enforce label it cannot read counts as restricted, as the apiserver's
+/// PodSecurity admission fails closed; an unreadable warn or audit label as privileged.
+fn pod_security_at_least_baseline() -> String {
+    let l = "namespaceObject.metadata.labels";
+    format!(
+        "(namespaceObject != null && has({l}) && (['enforce', 'warn', 'audit'].exists(m, \
+         ('pod-security.kubernetes.io/' + m) in {l} && {l}['pod-security.kubernetes.io/' + m] in ['baseline', 'restricted']) \
+         || ('pod-security.kubernetes.io/enforce' in {l} && !({l}['pod-security.kubernetes.io/enforce'] in ['privileged', 'baseline', 'restricted']))))"
+    )
 }
 
 /// A quantity in thousandths, when it is a whole number of them.
@@ -153,13 +226,8 @@ pub(super) struct MapCel<'a> {
 fn extended_class() -> &'static GpuClass {
     static EXTENDED: std::sync::OnceLock<GpuClass> = std::sync::OnceLock::new();
     EXTENDED.get_or_init(|| GpuClass {
-        resources: Vec::new(),
-        device_classes: Vec::new(),
-        tolerations: None,
         driver: Driver::Runtime,
-        mounts: Vec::new(),
-        env: Vec::new(),
-        per_gpu: Default::default(),
+        ..GpuClass::default()
     })
 }
 
@@ -313,7 +381,8 @@ impl<'a> MapCel<'a> {
                 format!(
                     "(has(object.spec.resourceClaims) && object.spec.resourceClaims.size() > 0) \
                      || has(object.spec.resources) \
-                     || variables.initC.size() > {MAX_CONTAINERS} || object.spec.containers.size() > {MAX_CONTAINERS}"
+                     || variables.initC.size() > {MAX_CONTAINERS} || object.spec.containers.size() > {MAX_CONTAINERS}{}",
+                    self.left_for_gpus_and_security()
                 ),
             ),
             (
@@ -501,6 +570,51 @@ impl<'a> MapCel<'a> {
         vars
     }
 
+    /// The further pods `leftToWebhook` (CEL, each condition after ` || `): those whose
+    /// GPUs the webhook reads from what CEL does not (a class's `shares`, which count as no
+    /// GPU of their own; a `fractions` annotation), and, where the policy adds what Pod
+    /// Security forbids (a hostPath driver, a sidecar restricted hardens), every pod of a
+    /// namespace whose Pod Security labels are baseline or restricted in any mode (an
+    /// enforce level it cannot read is restricted, as the apiserver's): `mutate::heed`
+    /// leaves the driver to the runtime there and hardens the sidecar.
+    fn left_for_gpus_and_security(&self) -> String {
+        let mut out = String::new();
+        let shares: Vec<crate::glob::Glob> = self
+            .classes
+            .iter()
+            .flat_map(|(_, c)| c.shares.iter().cloned())
+            .collect();
+        if !shares.is_empty() {
+            let any = any_glob(&shares, "r");
+            let _ = write!(
+                out,
+                " || (variables.initC + object.spec.containers).exists(c, has(c.resources) && \
+                 ((has(c.resources.requests) && c.resources.requests.exists(r, {any})) || \
+                 (has(c.resources.limits) && c.resources.limits.exists(r, {any}))))"
+            );
+        }
+        for (_, class) in &self.classes {
+            let Some(f) = class.fractions.as_ref() else {
+                continue;
+            };
+            if f.scheduler_names.is_empty() || f.annotations.is_empty() {
+                continue;
+            }
+            let list = |v: &[String]| v.iter().map(|x| lit(x)).collect::<Vec<_>>().join(", ");
+            let _ = write!(
+                out,
+                " || ((has(object.spec.schedulerName) ? object.spec.schedulerName : 'default-scheduler') in [{}] \
+                 && has(object.metadata.annotations) && [{}].exists(a, a in object.metadata.annotations))",
+                list(&f.scheduler_names),
+                list(&f.annotations),
+            );
+        }
+        if pod_security_matters(self.p) {
+            let _ = write!(out, " || {}", pod_security_at_least_baseline());
+        }
+        out
+    }
+
     // -----------------------------------------------------------------------------------
     // Driver mounts.
 
@@ -509,7 +623,7 @@ impl<'a> MapCel<'a> {
     fn driver_patches(&self) -> Vec<String> {
         let mut out = vec![];
         for (name, class) in &self.classes {
-            if class.driver != Driver::HostPath {
+            if !mounts_driver(class) {
                 continue;
             }
             let uses = |i: &str, list: &str| {

@@ -45,9 +45,11 @@ use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use crate::capacity::Nodes;
 use crate::cluster::{Cluster, ContextKind, Lookup, ObjectKey};
 use crate::podsecurity::{pod_security_refusal, PodSecurity};
+use crate::policy::Policy;
 use crate::words::quote;
 
 pub(crate) use kueue::{kueue, KUEUE_QUEUE_LABEL};
+pub(crate) use nodes::may_use;
 pub(crate) use quotas::{over, quota_subject, Over};
 pub(crate) use usage::Usage;
 
@@ -173,6 +175,7 @@ pub(crate) type Told<'a> = &'a dyn Fn(&str, &str) -> bool;
 /// `told`: the missing requests the user already reads of, which a quota's "must specify"
 /// does not say a second time.
 pub(crate) fn pod(
+    policy: &Policy,
     pod: &Pod,
     namespace: &str,
     cluster: &dyn Cluster,
@@ -221,7 +224,7 @@ pub(crate) fn pod(
         Some(Lookup::Found(n)) if n.count() == 0 => out
             .unknown
             .push("the nodes (none is listed as schedulable)".into()),
-        Some(Lookup::Found(n)) => nodes::check_nodes(pod, &n, &mut out),
+        Some(Lookup::Found(n)) => nodes::check_nodes(policy, pod, &n, &mut out),
         Some(_) => out.unknown.push("the cluster's nodes".into()),
     }
     match classes {
@@ -264,13 +267,29 @@ mod tests {
         // Requests only: the limits are not read.
         let cluster = quota(json!({"requests.memory": "4Gi"}));
         let known = Known::of(&cluster, "ml", false, &mut vec![]);
-        let f = super::pod(&pod, "ml", &cluster, known, false, &none);
+        let f = super::pod(
+            &Policy::builtin(),
+            &pod,
+            "ml",
+            &cluster,
+            known,
+            false,
+            &none,
+        );
         assert!(f.usage.limits.is_empty());
         assert!(f.findings.is_empty(), "{:?}", f.findings);
         // A quota on limits.memory reads them, and finds the pod's 8Gi over its 4Gi.
         let cluster = quota(json!({"limits.memory": "4Gi"}));
         let known = Known::of(&cluster, "ml", false, &mut vec![]);
-        let f = super::pod(&pod, "ml", &cluster, known, false, &none);
+        let f = super::pod(
+            &Policy::builtin(),
+            &pod,
+            "ml",
+            &cluster,
+            known,
+            false,
+            &none,
+        );
         assert_eq!(f.usage.limits["memory"], 8 * (1 << 30) * 1_000_000_000);
         assert_eq!(f.findings.len(), 1);
         assert!(f.findings[0].never);

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod};
 use super::{Obstacle, Outlook};
 use crate::capacity::{Nodes, Shape, Taint};
 use crate::pod::Amounts;
+use crate::policy::Policy;
 use crate::quantity;
 
 /// What a pod's node selection and tolerations leave it of the nodes, by shape.
@@ -32,7 +33,7 @@ struct Short<'a> {
     best: i128,
 }
 
-pub(super) fn check_nodes(pod: &Pod, nodes: &Nodes, out: &mut Outlook) {
+pub(super) fn check_nodes(policy: &Policy, pod: &Pod, nodes: &Nodes, out: &mut Outlook) {
     let Some(reach) = reach(pod, nodes) else {
         return;
     };
@@ -44,7 +45,9 @@ pub(super) fn check_nodes(pod: &Pod, nodes: &Nodes, out: &mut Outlook) {
         });
         return;
     }
-    let Some(short) = shortfall(&out.usage.requests, &reach.allowed) else {
+    let shared = shared(policy, pod, &out.usage.requests);
+    let requests = shared.as_ref().unwrap_or(&out.usage.requests);
+    let Some(short) = shortfall(requests, &reach.allowed) else {
         return;
     };
     out.findings.push(Obstacle {
@@ -52,6 +55,12 @@ pub(super) fn check_nodes(pod: &Pod, nodes: &Nodes, out: &mut Outlook) {
         in_turns: false,
         message: no_node_can_run(&short, &reach.allowed),
     });
+}
+
+/// The shapes `pod` may be scheduled on by its node selection and tolerations, each with
+/// how many of its hosts (none: it has no spec): what the GPU driver's decision reads.
+pub(crate) fn may_use<'n>(pod: &Pod, nodes: &'n Nodes) -> Vec<(&'n Shape, usize)> {
+    reach(pod, nodes).map(|r| r.allowed).unwrap_or_default()
 }
 
 /// The nodes `pod` may be scheduled on, by shape (None: it has no spec). Only a pod that
@@ -91,6 +100,39 @@ fn reach<'n>(pod: &Pod, nodes: &'n Nodes) -> Option<Reach<'n>> {
         }
     }
     Some(out)
+}
+
+/// A pod's requests as nodes must meet them where it asks for shares or fractions of a GPU
+/// (HAMi's `nvidia.com/gpumem`, KAI Scheduler's `gpu-fraction`), which their scheduler
+/// hands out and no node advertises: without the shares, and with one GPU of the class's
+/// `sharedFrom` at least. None: the pod asks for neither (nearly every pod: no copy).
+fn shared(policy: &Policy, pod: &Pod, requests: &Amounts) -> Option<Amounts> {
+    let annotations = pod.metadata.annotations.as_ref();
+    let scheduler = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.scheduler_name.as_deref())
+        .unwrap_or("default-scheduler");
+    let mut out: Option<Amounts> = None;
+    for class in policy.gpu.classes.values() {
+        let shares = requests.keys().any(|k| class.is_share(k));
+        let fraction = class.fractions.as_ref().is_some_and(|f| {
+            f.scheduler_names.iter().any(|s| s == scheduler)
+                && f.annotations
+                    .iter()
+                    .any(|a| annotations.is_some_and(|m| m.contains_key(a)))
+        });
+        if !shares && !fraction {
+            continue;
+        }
+        let r = out.get_or_insert_with(|| requests.clone());
+        r.retain(|k, _| !class.is_share(k));
+        if let Some(from) = &class.shared_from {
+            let one = r.entry(from.clone()).or_default();
+            *one = (*one).max(1_000_000_000);
+        }
+    }
+    out
 }
 
 /// What one pod's `requests` are short of on every node of `allowed`: None when one of
@@ -422,7 +464,7 @@ mod tests {
                 usage: Usage::of(&pod),
                 ..Outlook::default()
             };
-            check_nodes(&pod, &nodes, &mut out);
+            check_nodes(&Policy::builtin(), &pod, &nodes, &mut out);
             (names_nodes(&pod, &nodes), out.findings.len())
         };
         let c = json!([{"name": "c", "resources": {"requests": {"cpu": "1"}}}]);

@@ -152,7 +152,15 @@ pub(crate) fn pod(
                         m.container == container && m.resources.iter().any(|r| r == resource)
                     })
                 };
-                let f = feasible::pod(pod, s.who.namespace, cluster, known, s.queued, &told);
+                let f = feasible::pod(
+                    policy,
+                    pod,
+                    s.who.namespace,
+                    cluster,
+                    known,
+                    s.queued,
+                    &told,
+                );
                 if !s.template {
                     decide_feasibility(policy, pod, &f, &mut d);
                 }
@@ -268,7 +276,7 @@ fn mutation(
     // What the namespace's Pod Security forbids is not added (mutate::heed).
     let security = feasible::pod_security(cluster, s.who.namespace, &mut j.unresolved);
     let heed = mutate::Heed::of(s.who.namespace, security);
-    m.report = mutate::mutate_heeding(policy, pod, &gpus, s.profile, &heed);
+    m.report = mutate::mutate_heeding(policy, pod, &gpus, s.profile, cluster, &heed);
     m.warnings.append(&mut m.report.warnings);
     let Some(before) = before else {
         return m;

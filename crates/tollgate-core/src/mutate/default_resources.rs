@@ -28,12 +28,20 @@ const NANO: i128 = 1_000_000_000;
 /// [`apply`] with the pod's GPUs read from the pod alone.
 #[cfg(test)]
 pub(crate) fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
-    super::alone(apply, policy, pod, warnings)
+    super::alone(
+        |policy, gpus, cluster, pod, added, warnings, _| {
+            apply(policy, gpus, cluster, pod, added, warnings)
+        },
+        policy,
+        pod,
+        warnings,
+    )
 }
 
 pub(crate) fn apply(
     policy: &Policy,
     gpus: &Gpus<'_>,
+    _: &dyn crate::cluster::Cluster,
     pod: &mut Pod,
     added: &mut Vec<Added>,
     warnings: &mut Vec<String>,

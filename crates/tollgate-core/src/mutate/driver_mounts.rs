@@ -13,47 +13,199 @@ use k8s_openapi::api::core::v1::{
     Container, EnvVar, HostPathVolumeSource, Pod, PodSpec, Volume, VolumeMount,
 };
 
+use super::heed::Veto;
 use super::{Added, Heed};
-use crate::gpu::{Class, Gpus};
+use crate::capacity::{Nodes, Shape};
+use crate::cluster::{Cluster, Lookup};
+use crate::gpu::{Class, Gpus, Via};
 use crate::policy::{Driver, EnvEntry, HostMount, IfPresent, Policy};
 
 /// [`apply`] with the pod's GPUs read from the pod alone.
 #[cfg(test)]
 pub(crate) fn ensure(policy: &Policy, pod: &mut Pod, warnings: &mut Vec<String>) -> bool {
-    super::alone(
-        |policy, gpus, pod, added, warnings| {
-            apply(policy, gpus, pod, added, warnings, &Heed::default())
-        },
-        policy,
-        pod,
-        warnings,
-    )
+    super::alone(apply, policy, pod, warnings)
 }
 
-/// Mounts the driver of each `hostPath` class into the containers that use a GPU of it.
-/// Classes whose driver the runtime injects (`runtime`: device plugins with CDI, DRA
-/// drivers) get nothing: a redundant hostPath only makes Pod Security refuse the pod. Where
-/// the namespace's Pod Security forbids hostPath volumes (`heed`), a `hostPath` class is
-/// left to the runtime too, with a warning once per class.
+/// Whether a GPU class's driver is mounted into a pod, and why: decided in one place
+/// ([`decide`]), so that what may veto a mount (Pod Security) is laid over this answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DriverDecision {
+    /// True: the class's hostPath mounts and env go in.
+    pub mount: bool,
+    pub why: DriverWhy,
+}
+
+/// Why a class's driver is, or is not, mounted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DriverWhy {
+    /// The class says so outright (`driver: hostPath` or `runtime`).
+    Policy,
+    /// `driver: auto`, by the nodes that could run the pod: `runtime` of the `of` nodes
+    /// show a driver-injecting runtime.
+    Nodes { runtime: usize, of: usize },
+    /// `driver: auto` with no node known that could run the pod (no cluster context, no
+    /// nodes, none of them offering the pod's GPUs): the class's `driverFallback`.
+    Fallback,
+}
+
+/// Where the driver of `class` comes from for `pod` (with its GPUs): the class's `driver`,
+/// and for `auto` the nodes that could run the pod (its node selection and tolerations,
+/// offering its GPUs of the class): the runtime's where every one of them carries one of
+/// the class's `runtimeNodeLabels`, a mount where one does not, and the class's
+/// `driverFallback` where the context knows no such node.
+pub(crate) fn decide(
+    class: Class<'_>,
+    gpus: &Gpus<'_>,
+    pod: &Pod,
+    cluster: &dyn Cluster,
+) -> DriverDecision {
+    let c = class.spec;
+    let outright = |mount| DriverDecision {
+        mount,
+        why: DriverWhy::Policy,
+    };
+    match c.driver {
+        Driver::HostPath => return outright(true),
+        Driver::Runtime => return outright(false),
+        Driver::Auto => {}
+    }
+    let fallback = DriverDecision {
+        mount: c.driver_fallback != Some(Driver::Runtime),
+        why: DriverWhy::Fallback,
+    };
+    let Some(Lookup::Found(nodes)) = cluster.nodes() else {
+        return fallback;
+    };
+    let (runtime, of) = runtime_nodes(class, gpus, pod, &nodes);
+    if of == 0 {
+        return fallback;
+    }
+    DriverDecision {
+        mount: runtime < of,
+        why: DriverWhy::Nodes { runtime, of },
+    }
+}
+
+/// Of the nodes that could run `pod` with its GPUs of `class`: how many show a
+/// driver-injecting runtime, and how many there are.
+fn runtime_nodes(class: Class<'_>, gpus: &Gpus<'_>, pod: &Pod, nodes: &Nodes) -> (usize, usize) {
+    let c = class.spec;
+    let uses = || {
+        gpus.containers
+            .iter()
+            .flat_map(|g| &g.uses)
+            .filter(|u| u.class == class)
+    };
+    // The GPUs of the class a node must offer: the resources asked for; for a share or a
+    // fraction, any GPU of the class; for a DRA claim, none a node advertises.
+    let asked: Vec<&str> = uses()
+        .filter_map(|u| match &u.source {
+            Via::Resource(r) if !c.is_share(r) => Some(r.as_str()),
+            _ => None,
+        })
+        .collect();
+    let claims = uses().any(|u| matches!(u.source, Via::Claim { .. }));
+    let offers = |s: &Shape| {
+        let a = &s.key.allocatable;
+        let some = |r: &str| a.get(r).is_some_and(|n| *n > 0);
+        if !asked.is_empty() {
+            asked.iter().all(|r| some(r))
+        } else if claims {
+            true
+        } else {
+            c.shared_from.as_deref().is_none_or(some)
+        }
+    };
+    let labels: Vec<(&str, Option<&str>)> = c
+        .runtime_node_labels
+        .iter()
+        .map(|l| match l.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (l.as_str(), None),
+        })
+        .collect();
+    let mut runtime = 0;
+    let mut of = 0;
+    for (shape, hosts) in crate::feasible::may_use(pod, nodes) {
+        if !offers(shape) {
+            continue;
+        }
+        of += hosts;
+        fn has<'a>(
+            labels: &[(&str, Option<&str>)],
+            label: impl Fn(&str) -> Option<&'a str>,
+        ) -> bool {
+            labels
+                .iter()
+                .any(|(k, v)| label(k).is_some_and(|have| v.is_none_or(|v| v == have)))
+        }
+        // A label of the host keys differs from node to node of a shape; any other is the
+        // shape's.
+        runtime += if labels.iter().any(|(k, _)| nodes.is_host_key(k)) {
+            let with = shape
+                .hosts
+                .iter()
+                .filter(|h| has(&labels, |k| shape.label(h, k)))
+                .count();
+            with.min(hosts)
+        } else if has(&labels, |k| shape.key.labels.get(k)) {
+            hosts
+        } else {
+            0
+        };
+    }
+    (runtime, of)
+}
+
+/// Mounts the driver of each class whose driver [`decide`] says to mount into the
+/// containers that use a GPU of it. Classes whose driver the runtime injects (`runtime`:
+/// device plugins with CDI, DRA drivers; `auto` on nodes that show such a runtime) get
+/// nothing: a redundant hostPath only makes Pod Security refuse the pod. Where the
+/// namespace's Pod Security forbids hostPath volumes (`heed`), a mount decided is left to
+/// the runtime too, with a warning once per class: Pod Security wins over the decision.
 pub(crate) fn apply(
     _: &Policy,
     gpus: &Gpus<'_>,
+    cluster: &dyn Cluster,
     pod: &mut Pod,
     added: &mut Vec<Added>,
     warnings: &mut Vec<String>,
     heed: &Heed<'_>,
 ) -> bool {
-    let Some(spec) = pod.spec.as_mut() else {
-        return false;
-    };
-    for class in &gpus.classes {
-        if let (_, Some(veto)) = heed.driver(class.spec.driver) {
+    // Decided once per class, before the pod is changed; Pod Security laid over it.
+    let mut mounted: Vec<Class<'_>> = vec![];
+    for &class in &gpus.classes {
+        if class.spec.driver == Driver::Runtime {
+            continue;
+        }
+        let d = decide(class, gpus, pod, cluster);
+        if !d.mount {
+            continue;
+        }
+        if let (_, Some(veto)) = heed.driver(Driver::HostPath) {
             let volumes: Vec<&str> = class.spec.mounts.iter().map(|m| m.name.as_str()).collect();
             if !volumes.is_empty() {
                 warnings.push(veto.warning(heed, class.name, &volumes));
             }
+            continue;
         }
+        if let DriverWhy::Nodes { runtime, of } = d.why {
+            if runtime > 0 {
+                warnings.push(format!(
+                    "tollgate: {runtime} of the {of} nodes that could run the pod inject the {} GPU driver and {} not; the driver was mounted (hostPath), which the others need",
+                    class.name,
+                    of - runtime
+                ));
+            }
+        }
+        mounted.push(class);
     }
+    if mounted.is_empty() {
+        return false;
+    }
+    let Some(spec) = pod.spec.as_mut() else {
+        return false;
+    };
     // Split borrows: containers are changed while the pod's volumes are looked up.
     let PodSpec {
         init_containers,
@@ -67,7 +219,7 @@ pub(crate) fn apply(
     // not once per container, since the user made one decision.
     let mut foreign: Vec<&str> = Vec::new();
     for (kind, c) in all {
-        for class in host_path_classes(gpus, &c.name, heed) {
+        for class in mounted_classes(gpus, &c.name, &mounted) {
             let wanted = class.spec;
             for m in &wanted.mounts {
                 if find_volume(volumes, &m.name).is_some_and(|v| !is_ours(v, m)) {
@@ -144,12 +296,30 @@ pub(crate) fn apply(
     changed
 }
 
-/// The classes with a hostPath driver, as Pod Security leaves it (`heed`), that a container
-/// uses a GPU of, each once, by name.
-fn host_path_classes<'p>(gpus: &Gpus<'p>, container: &str, heed: &Heed<'_>) -> Vec<Class<'p>> {
+/// Why a driver [`decide`] would mount was left to the runtime, where the namespace's Pod
+/// Security forbids hostPath volumes (`heed`): for the applied annotation. None where no
+/// mode forbids them (without deciding anything) or no class's driver would be mounted.
+pub(crate) fn left_to_runtime(
+    gpus: &Gpus<'_>,
+    pod: &Pod,
+    cluster: &dyn Cluster,
+    heed: &Heed<'_>,
+) -> Option<Veto> {
+    let (_, veto) = heed.driver(Driver::HostPath);
+    let veto = veto?;
+    gpus.classes
+        .iter()
+        .any(|&class| {
+            class.spec.driver != Driver::Runtime && decide(class, gpus, pod, cluster).mount
+        })
+        .then_some(veto)
+}
+
+/// The classes whose driver is mounted that a container uses a GPU of, each once, by name.
+fn mounted_classes<'p>(gpus: &Gpus<'p>, container: &str, mounted: &[Class<'_>]) -> Vec<Class<'p>> {
     let mut out: Vec<Class<'p>> = Vec::new();
     for u in gpus.of_container(container) {
-        if heed.driver(u.class.spec.driver).0 == Driver::HostPath && !out.contains(&u.class) {
+        if mounted.contains(&u.class) && !out.contains(&u.class) {
             out.push(u.class);
         }
     }
@@ -587,6 +757,75 @@ mod tests {
             json!([{"name": "dshm", "mountPath": "/dev/shm"}, ours_mount()])
         );
         assert_eq!(s["volumes"][1], ours_volume());
+    }
+
+    /// `driver: auto` (the shipped class) decided from the nodes that could run the pod:
+    /// the runtime's where they all carry a runtime label, a mount where one does not, the
+    /// fallback where none is known; and a toleration the pod lacks rules a node out.
+    #[test]
+    fn auto_decides_from_the_nodes_that_could_run_the_pod() {
+        use crate::cluster::Objects;
+        let policy = Policy::builtin();
+        let node = |name: &str,
+                    labels: Value,
+                    taint: bool,
+                    gpus: &str|
+         -> k8s_openapi::api::core::v1::Node {
+            let mut n = json!({"metadata": {"name": name, "labels": labels},
+                "status": {"allocatable": {"cpu": "8", "nvidia.com/gpu": gpus, "pods": "110"}}});
+            if taint {
+                n["spec"] = json!({"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]});
+            }
+            serde_json::from_value(n).unwrap()
+        };
+        let toolkit = json!({"nvidia.com/gpu.deploy.container-toolkit": "true"});
+        let gke = json!({"cloud.google.com/gke-accelerator": "nvidia-l4"});
+        let decided = |nodes: Vec<k8s_openapi::api::core::v1::Node>, tolerates: bool| {
+            let mut o = Objects::default();
+            for n in nodes {
+                o.add_node(n);
+            }
+            let mut spec = json!({"containers": [gpu("t")]});
+            if tolerates {
+                spec["tolerations"] = json!([{"key": "nvidia.com/gpu", "operator": "Exists"}]);
+            }
+            let p = pod(json!({"spec": spec}));
+            let gpus = Gpus::of(&policy, &p, "", &o);
+            decide(gpus.classes[0], &gpus, &p, &o)
+        };
+        let d = decided(
+            vec![
+                node("a", toolkit.clone(), true, "8"),
+                node("b", gke, true, "1"),
+            ],
+            true,
+        );
+        assert_eq!(
+            (d.mount, d.why),
+            (false, DriverWhy::Nodes { runtime: 2, of: 2 })
+        );
+        let d = decided(
+            vec![
+                node("a", toolkit.clone(), true, "8"),
+                node("b", json!({}), true, "8"),
+            ],
+            true,
+        );
+        assert_eq!(
+            (d.mount, d.why),
+            (true, DriverWhy::Nodes { runtime: 1, of: 2 })
+        );
+        // A node offering no GPU, or tainted for a pod without the toleration, is not one
+        // that could run it: the fallback (hostPath) decides.
+        let d = decided(vec![node("a", toolkit.clone(), false, "0")], true);
+        assert_eq!((d.mount, d.why), (true, DriverWhy::Fallback));
+        let d = decided(vec![node("a", toolkit, true, "8")], false);
+        assert_eq!((d.mount, d.why), (true, DriverWhy::Fallback));
+        // No cluster context at all: the fallback, as a pod judged offline is mutated.
+        let p = pod(json!({"spec": {"containers": [gpu("t")]}}));
+        let gpus = Gpus::of(&policy, &p, "", &crate::cluster::Offline);
+        let d = decide(gpus.classes[0], &gpus, &p, &crate::cluster::Offline);
+        assert_eq!((d.mount, d.why), (true, DriverWhy::Fallback));
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub(crate) mod tolerations;
 use k8s_openapi::api::core::v1::{Pod, Toleration};
 use serde_json::{json, Value};
 
+use crate::cluster::Cluster;
 use crate::gpu::Gpus;
 use crate::pod::annotation_is_true;
 use crate::policy::Policy;
@@ -164,19 +165,29 @@ pub fn is_training_pod(policy: &Policy, pod: &Pod, gpus: &Gpus<'_>) -> bool {
 /// [`Gpus::of`]). The caller decides whether the pod is one and whether it opted out.
 ///
 /// `profile` is the policy profile that chose `policy` (None: the base), recorded in the
-/// applied annotation with the steps. The namespace's Pod Security is not known here:
-/// [`mutate_heeding`] is the judgement's.
-pub fn mutate(policy: &Policy, pod: &mut Pod, gpus: &Gpus<'_>, profile: Option<&str>) -> Report {
-    mutate_heeding(policy, pod, gpus, profile, &Heed::default())
+/// applied annotation with the steps.
+///
+/// `cluster`: what the steps read of the cluster (the nodes a `driver: auto` class decides
+/// from). The namespace's Pod Security is not heeded here: [`mutate_heeding`] is the
+/// judgement's.
+pub fn mutate(
+    policy: &Policy,
+    pod: &mut Pod,
+    gpus: &Gpus<'_>,
+    profile: Option<&str>,
+    cluster: &dyn Cluster,
+) -> Report {
+    mutate_heeding(policy, pod, gpus, profile, cluster, &Heed::default())
 }
 
 /// [`mutate`], heeding the namespace's Pod Security (`heed`): nothing its levels forbid is
-/// added, and the applied annotation says what was left out.
+/// added, whatever decided it, and the applied annotation says what was left out.
 pub(crate) fn mutate_heeding(
     policy: &Policy,
     pod: &mut Pod,
     gpus: &Gpus<'_>,
     profile: Option<&str>,
+    cluster: &dyn Cluster,
     heed: &Heed<'_>,
 ) -> Report {
     let m = &policy.mutation;
@@ -189,18 +200,26 @@ pub(crate) fn mutate_heeding(
             continue;
         }
         let apply: StepFn = match step {
-            Step::Tolerations => |policy, gpus, pod, added, warnings, _| {
-                tolerations::apply(policy, gpus, pod, added, warnings)
+            Step::Tolerations => |policy, gpus, cluster, pod, added, warnings, _| {
+                tolerations::apply(policy, gpus, cluster, pod, added, warnings)
             },
             Step::DriverMounts => driver_mounts::apply,
-            Step::MetricsSidecar => |policy, _, pod, added, warnings, heed| {
+            Step::MetricsSidecar => |policy, _, _, pod, added, warnings, heed| {
                 metrics_sidecar::apply(policy, pod, added, warnings, heed)
             },
-            Step::DefaultResources => |policy, gpus, pod, added, warnings, _| {
-                default_resources::apply(policy, gpus, pod, added, warnings)
+            Step::DefaultResources => |policy, gpus, cluster, pod, added, warnings, _| {
+                default_resources::apply(policy, gpus, cluster, pod, added, warnings)
             },
         };
-        if apply(policy, gpus, pod, &mut added, &mut out.warnings, heed) {
+        if apply(
+            policy,
+            gpus,
+            cluster,
+            pod,
+            &mut added,
+            &mut out.warnings,
+            heed,
+        ) {
             out.applied.push(step);
         }
         out.added.extend(added.drain(..).map(|a| (step, a)));
@@ -208,10 +227,7 @@ pub(crate) fn mutate_heeding(
     let classes: Vec<&str> = gpus.classes.iter().map(|c| c.name).collect();
     // A driver Pod Security kept out is said beside the steps, as the warning says it.
     let left = if m.enabled(Step::DriverMounts) {
-        gpus.classes
-            .iter()
-            .find_map(|c| heed.driver(c.spec.driver).1)
-            .map(|v| v.applied())
+        driver_mounts::left_to_runtime(gpus, pod, cluster, heed).map(|v| v.applied())
     } else {
         None
     };
@@ -226,22 +242,37 @@ pub(crate) fn mutate_heeding(
     out
 }
 
-/// A step as [`mutate`] runs it, with the pod's GPUs and the namespace's Pod Security: it
-/// records what it added and warns, and says whether it changed the pod.
-type StepFn =
-    fn(&Policy, &Gpus<'_>, &mut Pod, &mut Vec<Added>, &mut Vec<String>, &Heed<'_>) -> bool;
+/// A step as [`mutate`] runs it, with the pod's GPUs, the cluster and the namespace's Pod
+/// Security: it records what it added and warns, and says whether it changed the pod.
+type StepFn = fn(
+    &Policy,
+    &Gpus<'_>,
+    &dyn Cluster,
+    &mut Pod,
+    &mut Vec<Added>,
+    &mut Vec<String>,
+    &Heed<'_>,
+) -> bool;
 
-/// A step on its own: it reads the pod's GPUs itself, without a cluster context, and
-/// keeps only its warnings (the steps' own tests).
+/// A step on its own: it reads the pod's GPUs itself, without a cluster context or a Pod
+/// Security label, and keeps only its warnings (the steps' own tests).
 #[cfg(test)]
 pub(crate) fn alone(
-    apply: fn(&Policy, &Gpus<'_>, &mut Pod, &mut Vec<Added>, &mut Vec<String>) -> bool,
+    apply: StepFn,
     policy: &Policy,
     pod: &mut Pod,
     warnings: &mut Vec<String>,
 ) -> bool {
     let gpus = Gpus::of(policy, pod, "", &crate::cluster::Offline);
-    apply(policy, &gpus, pod, &mut Vec::new(), warnings)
+    apply(
+        policy,
+        &gpus,
+        &crate::cluster::Offline,
+        pod,
+        &mut Vec::new(),
+        warnings,
+        &Heed::default(),
+    )
 }
 
 /// One item of the applied annotation: a step, the GPU class it recognised

@@ -268,11 +268,50 @@ impl Policy {
                     "only used with driver: hostPath (with driver: runtime the device plugin or DRA driver provides the driver)".into(),
                 );
             }
-            if c.driver == Driver::HostPath && c.mounts.is_empty() {
+            if c.driver != Driver::Runtime && c.mounts.is_empty() {
                 return err(
                     format!("{base}.mounts"),
-                    "driver: hostPath needs the directories to mount".into(),
+                    format!(
+                        "driver: {} needs the directories to mount",
+                        c.driver.as_str()
+                    ),
                 );
+            }
+            if c.driver == Driver::Auto {
+                match c.driver_fallback {
+                    None => {
+                        return err(
+                            format!("{base}.driverFallback"),
+                            "driver: auto needs a fallback (hostPath or runtime) for pods judged where no node that could run them is known".into(),
+                        )
+                    }
+                    Some(Driver::Auto) => {
+                        return err(
+                            format!("{base}.driverFallback"),
+                            "is what decides where no node is known: hostPath or runtime, not auto".into(),
+                        )
+                    }
+                    Some(_) => {}
+                }
+            }
+            for (i, l) in c.runtime_node_labels.iter().enumerate() {
+                let (key, value) = l.split_once('=').unwrap_or((l, ""));
+                if let Err(msg) =
+                    names::qualified_name(key).and_then(|()| names::label_value(value))
+                {
+                    return err(format!("{base}.runtimeNodeLabels[{i}]"), msg);
+                }
+            }
+            for (i, share) in c.shares.iter().enumerate() {
+                if c.resources.iter().any(|r| r.as_str() == share.as_str()) {
+                    return err(
+                        format!("{base}.shares[{i}]"),
+                        format!(
+                            "{:?} is also in resources: a share is not a GPU of its own",
+                            share.as_str()
+                        ),
+                    );
+                }
             }
             for (i, m) in c.mounts.iter().enumerate() {
                 let f = format!("{base}.mounts[{i}]");

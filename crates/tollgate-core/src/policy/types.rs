@@ -280,8 +280,27 @@ pub struct GpuClass {
     /// `{key: <resource>, operator: Exists, effect: NoSchedule}` (and none for DRA claims).
     pub tolerations: Option<Vec<Toleration>>,
     /// How the driver reaches the container: `runtime` (the device plugin, DRA driver or
-    /// CDI injects it) or `hostPath` (tollgate mounts `mounts` and sets `env`).
+    /// CDI injects it), `hostPath` (tollgate mounts `mounts` and sets `env`), or `auto`
+    /// (hostPath only where the nodes that could run the pod show no driver-injecting
+    /// runtime: none of `runtimeNodeLabels`; `driverFallback` where no such node is known).
     pub driver: Driver,
+    /// With `driver: auto`: node labels that say the node's runtime injects the driver,
+    /// each `key` (any value) or `key=value`.
+    pub runtime_node_labels: Vec<String>,
+    /// With `driver: auto`: `hostPath` or `runtime`, where no node that could run the pod
+    /// is known (no cluster context, no nodes yet).
+    pub driver_fallback: Option<Driver>,
+    /// Resources of this class that are a share of a GPU handed out by a scheduler (HAMi's
+    /// `nvidia.com/gpumem`), which no node advertises: they make a container one of this
+    /// class, count as no GPU of their own (one where the container asks for no other GPU
+    /// of the class), and feasibility asks for a node offering a GPU of the class instead.
+    pub shares: Vec<Glob>,
+    /// The resource whose GPUs `shares` and `fractions` are parts of (`nvidia.com/gpu`):
+    /// feasibility asks for a node offering one, and `driver: auto` reads such nodes.
+    pub shared_from: Option<String>,
+    /// Pods asking for a fraction of a GPU of this class by annotation (KAI Scheduler's
+    /// `gpu-fraction`), which its scheduler hands out.
+    pub fractions: Option<Fractions>,
     /// With `driver: hostPath`: the node's directories, mounted read-only into each
     /// container that uses a GPU of this class.
     pub mounts: Vec<HostMount>,
@@ -296,9 +315,15 @@ impl GpuClass {
     /// Whether this class covers the extended resource `name`.
     pub fn covers_resource(&self, name: &str) -> bool {
         self.resources.iter().any(|g| g.matches(name))
+            || self.is_share(name)
             || name
                 .strip_prefix(quantity::IMPLICIT_DRA_PREFIX)
                 .is_some_and(|dc| self.device_classes.iter().any(|c| c == dc))
+    }
+
+    /// Whether `name` is a share of a GPU of this class (`shares`), not a GPU of its own.
+    pub fn is_share(&self, name: &str) -> bool {
+        self.shares.iter().any(|g| g.matches(name))
     }
 
     /// Whether this class covers the DRA device class `name`.
@@ -307,7 +332,7 @@ impl GpuClass {
     }
 }
 
-/// How the GPU driver reaches a container: `runtime` or `hostPath`.
+/// How the GPU driver reaches a container: `runtime`, `hostPath` or `auto`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum Driver {
@@ -316,6 +341,37 @@ pub enum Driver {
     Runtime,
     /// tollgate mounts the node's driver directories (hostPath volumes).
     HostPath,
+    /// Decided per pod from the nodes that could run it: `hostPath` unless they all show a
+    /// driver-injecting runtime (`runtimeNodeLabels`), `driverFallback` where none is known.
+    Auto,
+}
+
+impl Driver {
+    /// As the policy file writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Driver::Runtime => "runtime",
+            Driver::HostPath => "hostPath",
+            Driver::Auto => "auto",
+        }
+    }
+}
+
+/// A fraction of a GPU asked for by annotation, for a scheduler that hands fractions out
+/// (KAI Scheduler: `pkg/common/constants`'s `gpu-fraction`, `gpu-memory`,
+/// `gpu-fraction-num-devices`, `gpu-fraction-container-name`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Fractions {
+    /// The pod's `spec.schedulerName` must be one of these.
+    pub scheduler_names: Vec<String>,
+    /// A pod annotation of these (any value) asks for a fraction.
+    pub annotations: Vec<String>,
+    /// The annotation naming the container that gets the fraction (else the first
+    /// container).
+    pub container_annotation: String,
+    /// The annotation with the number of devices the fraction is of (else one).
+    pub devices_annotation: String,
 }
 
 /// Which pods are training pods: any one criterion makes a pod one.

@@ -462,7 +462,7 @@ mod tests {
             assert!(pod.metadata.managed_fields.is_some());
             let mut mutated = pod.clone();
             let gpus = Gpus::of(&policy, &pod, "", &Offline);
-            mutate::mutate(&policy, &mut mutated, &gpus, None);
+            mutate::mutate(&policy, &mut mutated, &gpus, None, &Offline);
             let expected = json_patch::diff(
                 &serde_json::to_value(&pod).unwrap(),
                 &serde_json::to_value(&mutated).unwrap(),
