@@ -194,7 +194,9 @@ pub fn mutating_admission_policy(policy: &Policy, options: &Options) -> Export {
          # Export again rather than edit: the CEL is the policy's, written out.\n\
          # Left to the mutating webhook (these policies skip them): pods with DRA claims\n\
          # (resourceClaims: CEL cannot read a claim's device class), pods with pod-level\n\
-         # resources (spec.resources), pods with more than {} containers or init containers.\n",
+         # resources (spec.resources), pods with more than {} containers or init containers,\n\
+         # and those the notes on standard error name (a share or a fraction of a GPU, a\n\
+         # namespace at Pod Security baseline or restricted).\n",
         options.source,
         mutating::MAX_CONTAINERS
     );
