@@ -125,7 +125,30 @@ pub trait Cluster {
 
     /// A Kueue ClusterQueue (as JSON). None and `Some(Unknown)` as for [`Cluster::nodes`].
     fn kueue_cluster_queue(&self, name: &str) -> Option<Lookup<Arc<Value>>>;
+
+    /// What may add nodes: the Cluster Autoscaler, Karpenter's NodePools. None: this
+    /// context does not hold it (feasibility then takes the nodes there are as all there
+    /// will be, as with no autoscaler); `Some(Unknown)`: not known yet.
+    fn autoscaling(&self) -> Option<Lookup<Arc<Autoscaling>>>;
 }
+
+/// What may add a node to the cluster, for feasibility: a pod that no node offers what it
+/// asks for may still run where an autoscaler adds one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Autoscaling {
+    /// The Cluster Autoscaler's status ConfigMap ([`CLUSTER_AUTOSCALER_STATUS`]) exists,
+    /// in whatever format (text before CA 1.30, YAML since): it may add a node of a group
+    /// tollgate cannot see.
+    pub cluster_autoscaler: bool,
+    /// Karpenter's NodePools (`karpenter.sh/v1`), as JSON.
+    pub node_pools: Vec<Arc<Value>>,
+}
+
+/// The namespace and name of the ConfigMap the Cluster Autoscaler writes its status to.
+pub const CLUSTER_AUTOSCALER_STATUS: (&str, &str) = ("kube-system", "cluster-autoscaler-status");
+
+/// The API version of Karpenter's NodePools that feasibility reads.
+pub const KARPENTER_NODEPOOL_API_VERSION: &str = "karpenter.sh/v1";
 
 /// No cluster context at all: every object is unknown, and nothing of what the cluster
 /// offers pods is held.
@@ -166,6 +189,9 @@ impl Cluster for Offline {
     fn kueue_cluster_queue(&self, _: &str) -> Option<Lookup<Arc<Value>>> {
         None
     }
+    fn autoscaling(&self) -> Option<Lookup<Arc<Autoscaling>>> {
+        None
+    }
 }
 
 /// A fixed set of objects: those of an input file, or a test's. What is not here is
@@ -197,6 +223,9 @@ pub struct Objects {
     /// Kueue's ClusterQueues by name, when the set holds them (shared: an audit lists
     /// them once for every namespace).
     pub cluster_queues: Option<Arc<BTreeMap<String, Arc<Value>>>>,
+    /// What may add nodes, when the set holds it (a file that gives the Cluster
+    /// Autoscaler's status ConfigMap or a NodePool, an audit that listed them).
+    pub autoscaling: Option<Arc<Autoscaling>>,
 }
 
 impl Objects {
@@ -279,6 +308,34 @@ impl Objects {
             Arc::make_mut(clusters).insert(name, Arc::new(queue));
         }
         true
+    }
+
+    /// Adds what says an autoscaler may add nodes, as JSON: the Cluster Autoscaler's status
+    /// ConfigMap ([`CLUSTER_AUTOSCALER_STATUS`]) or a Karpenter NodePool
+    /// ([`KARPENTER_NODEPOOL_API_VERSION`]); from now on the set knows the cluster's
+    /// autoscaling. False for anything else (another ConfigMap, say).
+    pub fn add_autoscaling(&mut self, object: Value) -> bool {
+        let api = object.get("apiVersion").and_then(Value::as_str);
+        let kind = object.get("kind").and_then(Value::as_str);
+        let (namespace, name) = namespace_and_name(&object);
+        let status = (namespace.as_str(), name.as_str()) == CLUSTER_AUTOSCALER_STATUS;
+        let pool = match (api, kind) {
+            (Some("v1"), Some("ConfigMap")) if status => false,
+            (Some(KARPENTER_NODEPOOL_API_VERSION), Some("NodePool")) => true,
+            _ => return false,
+        };
+        let a = Arc::make_mut(self.autoscaling.get_or_insert_with(Default::default));
+        if pool {
+            a.node_pools.push(Arc::new(object));
+        } else {
+            a.cluster_autoscaler = true;
+        }
+        true
+    }
+
+    /// Says the set knows the cluster's autoscaling: none, unless added.
+    pub fn know_autoscaling(&mut self) {
+        self.autoscaling.get_or_insert_with(Default::default);
     }
 
     /// Adds a DeviceClass's name: from now on the set knows them all.
@@ -393,6 +450,9 @@ impl Cluster for Objects {
                 .map_or(Lookup::Absent, |q| Lookup::Found(q.clone())),
         )
     }
+    fn autoscaling(&self) -> Option<Lookup<Arc<Autoscaling>>> {
+        self.autoscaling.clone().map(Lookup::Found)
+    }
     fn is_offline(&self) -> bool {
         false
     }
@@ -496,6 +556,9 @@ impl Cluster for Layered<'_> {
         held_or(self.first.kueue_cluster_queue(name), || {
             self.then.kueue_cluster_queue(name)
         })
+    }
+    fn autoscaling(&self) -> Option<Lookup<Arc<Autoscaling>>> {
+        held_or(self.first.autoscaling(), || self.then.autoscaling())
     }
 }
 

@@ -61,8 +61,8 @@ pub use pipeline::{
 
 // The policy, as a file and as its layers.
 pub use policy::{
-    FeasibilityMode, Mode, Operation, OptOutRules, Policy, PolicyError, ProfileMatch, SidecarMode,
-    Step, Written, BASE_PROFILE, BUILTIN_SOURCE, BUILTIN_TEXT,
+    FeasibilityMode, Mode, NodeAutoscaling, Operation, OptOutRules, Policy, PolicyError,
+    ProfileMatch, SidecarMode, Step, Written, BASE_PROFILE, BUILTIN_SOURCE, BUILTIN_TEXT,
 };
 
 // The policy as Kubernetes objects: the TollgatePolicy and TollgateProfiles composed with
@@ -78,8 +78,9 @@ pub use objects::{
 // What a review may know of the cluster, and the nodes by shape.
 pub use capacity::{Host, Index as NodeIndex, Nodes, Shape, ShapeKey};
 pub use cluster::{
-    claim_from, claim_template_from, namespace_and_name, Cluster, ContextKind, Layered, Lookup,
-    ObjectKey, Objects, Offline, DRA_API_VERSIONS, KUEUE_API_VERSIONS,
+    claim_from, claim_template_from, namespace_and_name, Autoscaling, Cluster, ContextKind,
+    Layered, Lookup, ObjectKey, Objects, Offline, CLUSTER_AUTOSCALER_STATUS, DRA_API_VERSIONS,
+    KARPENTER_NODEPOOL_API_VERSION, KUEUE_API_VERSIONS,
 };
 pub use trainjob::GROUP as TRAINER_GROUP;
 

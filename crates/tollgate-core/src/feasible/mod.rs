@@ -26,11 +26,13 @@
 //! One source of what the cluster offers per file, each deciding into data first and
 //! wording its [`Obstacle`]s from that: `usage` (what a pod counts for), `quotas`, `nodes`,
 //! `classes` (DeviceClasses), `kueue` (a workload's ClusterQueue, which `workload` asks
-//! with all its pods). This face runs them for one pod ([`pod`]). A new source (an
-//! autoscaler's node pools, say) is a file here, a [`Cluster`] method it reads through
+//! with all its pods), `autoscaling` (what may add a node where none offers what a pod asks
+//! for: the Cluster Autoscaler, Karpenter's NodePools; asked by `nodes` only then). This
+//! face runs them for one pod ([`pod`]). A new source is a file here, a [`Cluster`] method it reads through
 //! (docs/architecture.md, "Where new work goes"), and a line in [`pod`] or, for what a
 //! workload's pods ask in all, in `workload`'s feasibility.
 
+mod autoscaling;
 mod classes;
 mod kueue;
 mod nodes;
@@ -224,7 +226,7 @@ pub(crate) fn pod(
         Some(Lookup::Found(n)) if n.count() == 0 => out
             .unknown
             .push("the nodes (none is listed as schedulable)".into()),
-        Some(Lookup::Found(n)) => nodes::check_nodes(policy, pod, &n, &mut out),
+        Some(Lookup::Found(n)) => nodes::check_nodes(policy, pod, &n, cluster, &mut out),
         Some(_) => out.unknown.push("the cluster's nodes".into()),
     }
     match classes {

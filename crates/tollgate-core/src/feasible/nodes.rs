@@ -8,8 +8,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod};
 
+use super::autoscaling::{scale_up, ScaleUp};
 use super::{Obstacle, Outlook};
 use crate::capacity::{Nodes, Shape, Taint};
+use crate::cluster::Cluster;
 use crate::pod::Amounts;
 use crate::policy::Policy;
 use crate::quantity;
@@ -33,28 +35,74 @@ struct Short<'a> {
     best: i128,
 }
 
-pub(super) fn check_nodes(policy: &Policy, pod: &Pod, nodes: &Nodes, out: &mut Outlook) {
+/// Whether a node the pod may use offers what it asks for; where none does, whether an
+/// autoscaler may add one (`autoscaling`, asked only then): a warning that names it, else
+/// "can never run".
+pub(super) fn check_nodes(
+    policy: &Policy,
+    pod: &Pod,
+    nodes: &Nodes,
+    cluster: &dyn Cluster,
+    out: &mut Outlook,
+) {
     let Some(reach) = reach(pod, nodes) else {
         return;
     };
-    if reach.allowed.is_empty() {
-        out.findings.push(Obstacle {
-            never: true,
-            in_turns: false,
-            message: no_node_may_run(pod, nodes, &reach),
-        });
-        return;
-    }
     let shared = shared(policy, pod, &out.usage.requests);
     let requests = shared.as_ref().unwrap_or(&out.usage.requests);
-    let Some(short) = shortfall(requests, &reach.allowed) else {
-        return;
+    let (why, fix) = if reach.allowed.is_empty() {
+        no_node_may_run(pod, nodes, &reach)
+    } else {
+        let Some(short) = shortfall(requests, &reach.allowed) else {
+            return;
+        };
+        no_node_can_run(&short, &reach.allowed)
+    };
+    let (never, message) = match scale_up(policy, pod, requests, cluster) {
+        ScaleUp::May(who) => (
+            false,
+            format!(
+                "no node offers what it asks for now: {why}. {} may add one; until then it stays Pending",
+                capitalized(&or_list(&who))
+            ),
+        ),
+        ScaleUp::Unknown => (
+            false,
+            format!(
+                "no node offers what it asks for now: {why}. Whether an autoscaler may add one is not known yet"
+            ),
+        ),
+        ScaleUp::Cannot(pools) if pools.is_empty() => (true, format!("{why}. To fix it, {fix}")),
+        ScaleUp::Cannot(pools) => (
+            true,
+            format!(
+                "{why}, and no NodePool may add one ({}). To fix it, {fix}",
+                pools.join("; ")
+            ),
+        ),
     };
     out.findings.push(Obstacle {
-        never: true,
+        never,
         in_turns: false,
-        message: no_node_can_run(&short, &reach.allowed),
+        message,
     });
+}
+
+/// `a`, `a or b`, `a, b or c`.
+fn or_list(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
+fn capitalized(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    }
 }
 
 /// The shapes `pod` may be scheduled on by its node selection and tolerations, each with
@@ -174,9 +222,9 @@ fn shortfall<'a>(requests: &'a Amounts, allowed: &[(&Shape, usize)]) -> Option<V
     Some(short)
 }
 
-/// Why no node may run the pod: what its selectors and its tolerations rule out, and what
-/// to change.
-fn no_node_may_run(pod: &Pod, nodes: &Nodes, reach: &Reach<'_>) -> String {
+/// Why no node may run the pod (`no node may run it: ...`, what its selectors and its
+/// tolerations rule out), and what to change.
+fn no_node_may_run(pod: &Pod, nodes: &Nodes, reach: &Reach<'_>) -> (String, String) {
     let total = nodes.count();
     let mut why = vec![];
     let mut fix = vec![];
@@ -208,16 +256,16 @@ fn no_node_may_run(pod: &Pod, nodes: &Nodes, reach: &Reach<'_>) -> String {
         );
     }
     fix.push("ask your platform team which nodes are for you".into());
-    format!(
-        "no node may run it: {}. To fix it, {}",
-        why.join("; "),
-        fix.join(", or ")
+    (
+        format!("no node may run it: {}", why.join("; ")),
+        fix.join(", or "),
     )
 }
 
-/// Why no node the pod may use can run it: each resource it asks for more of than the
-/// largest of them offers (and what they offer of the same vendor instead).
-fn no_node_can_run(short: &[Short<'_>], allowed: &[(&Shape, usize)]) -> String {
+/// Why no node the pod may use can run it (`no node can run it: ...`, each resource it
+/// asks for more of than the largest of them offers, and what they offer of the same
+/// vendor instead), and what to change.
+fn no_node_can_run(short: &[Short<'_>], allowed: &[(&Shape, usize)]) -> (String, String) {
     let may_use: usize = allowed.iter().map(|(_, n)| n).sum();
     let mut lines: Vec<String> = vec![];
     for s in short {
@@ -257,9 +305,9 @@ fn no_node_can_run(short: &[Short<'_>], allowed: &[(&Shape, usize)]) -> String {
         // Every resource is offered somewhere, never all on one node.
         lines.push("no node it may use offers all it asks for at once".into());
     }
-    format!(
-        "no node can run it: {}. Ask for less per pod (more pods, fewer resources each), or ask your platform team for larger nodes",
-        lines.join("; ")
+    (
+        format!("no node can run it: {}", lines.join("; ")),
+        "ask for less per pod (more pods, fewer resources each), or ask your platform team for larger nodes".into(),
     )
 }
 
@@ -328,7 +376,9 @@ fn selector_words(pod: &Pod) -> String {
     }
 }
 
-fn required_terms(pod: &Pod) -> Option<&Vec<k8s_openapi::api::core::v1::NodeSelectorTerm>> {
+pub(super) fn required_terms(
+    pod: &Pod,
+) -> Option<&Vec<k8s_openapi::api::core::v1::NodeSelectorTerm>> {
     pod.spec
         .as_ref()?
         .affinity
@@ -413,7 +463,7 @@ fn requirement(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
 }
 
 /// Whether one of the pod's tolerations tolerates taint `t` (`v1.Toleration.ToleratesTaint`).
-fn tolerated(pod: &Pod, t: &Taint) -> bool {
+pub(super) fn tolerated(pod: &Pod, t: &Taint) -> bool {
     pod.spec
         .as_ref()
         .and_then(|s| s.tolerations.as_ref())
@@ -464,7 +514,13 @@ mod tests {
                 usage: Usage::of(&pod),
                 ..Outlook::default()
             };
-            check_nodes(&Policy::builtin(), &pod, &nodes, &mut out);
+            check_nodes(
+                &Policy::builtin(),
+                &pod,
+                &nodes,
+                &crate::cluster::Offline,
+                &mut out,
+            );
             (names_nodes(&pod, &nodes), out.findings.len())
         };
         let c = json!([{"name": "c", "resources": {"requests": {"cpu": "1"}}}]);

@@ -397,6 +397,17 @@ fn feasibility(over: &Policy, mine: &Policy) -> Found {
         FeasibilityMode::Warn => 1,
         FeasibilityMode::Enforce => 2,
     };
+    let (oa, ma) = (over.feasibility.autoscaling, mine.feasibility.autoscaling);
+    if oa != ma {
+        return crossed(
+            "feasibility.autoscaling",
+            format!(
+                "{} is not the cluster's {}: whether nodes may be added is the cluster's fact, which a namespace may not change",
+                ma.as_str(),
+                oa.as_str()
+            ),
+        );
+    }
     let (o, m) = (over.feasibility.mode, mine.feasibility.mode);
     if rank(m) < rank(o) {
         return crossed(

@@ -493,6 +493,39 @@ fn is_zero(n: &i64) -> bool {
 pub struct Feasibility {
     /// `warn` (the user reads it at `kubectl apply`), `enforce` (refused) or `off`.
     pub mode: FeasibilityMode,
+    /// Whether nodes may be added where none offers what a pod asks for (a GPU pool that
+    /// scales from zero has no Node until a pod asks): `detect` (from the cluster: the
+    /// Cluster Autoscaler's status ConfigMap, Karpenter's NodePools), `none` (the nodes
+    /// there are are all there will be) or `present` (an autoscaler tollgate cannot see
+    /// may add any node). The cluster's fact: a TollgateProfile may not change it.
+    #[serde(default)]
+    pub autoscaling: NodeAutoscaling,
+}
+
+/// Whether the cluster may add nodes, as feasibility takes it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum NodeAutoscaling {
+    /// As the cluster context shows it: the Cluster Autoscaler's status ConfigMap, or a
+    /// Karpenter NodePool the pod could land on.
+    #[default]
+    Detect,
+    /// No autoscaler: no node offering what a pod asks for is "can never run".
+    None,
+    /// An autoscaler tollgate cannot see may add any node: no node offering it now is a
+    /// warning, never a refusal.
+    Present,
+}
+
+impl NodeAutoscaling {
+    /// As the policy file writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeAutoscaling::Detect => "detect",
+            NodeAutoscaling::None => "none",
+            NodeAutoscaling::Present => "present",
+        }
+    }
 }
 
 /// What a pod that can never run here gets.
