@@ -1271,6 +1271,7 @@ pub(crate) fn audit_needs(home: bool) -> std::collections::BTreeSet<String> {
         &["trainingruntimes", "clustertrainingruntimes"],
     );
     add(&read, "kueue.x-k8s.io", &["localqueues", "clusterqueues"]);
+    add(&read, "karpenter.sh", &["nodepools"]);
     // The audit: pods and the workloads of the shipped policy's kinds, listed.
     add(&["list"], "", &["pods"]);
     add(&["list"], "batch", &["jobs", "cronjobs"]);

@@ -19,8 +19,8 @@ use crate::cluster::nodes::{NodeView, ShapeIndex};
 use crate::cluster::pages;
 use crate::cluster::{dra, kueue};
 use tollgate_core::{
-    claim_from, claim_template_from, namespace_and_name, FeasibilityMode, Nodes, Objects, Policy,
-    KUEUE_API_VERSIONS,
+    claim_from, claim_template_from, namespace_and_name, Autoscaling, FeasibilityMode, Nodes,
+    Objects, Policy, CLUSTER_AUTOSCALER_STATUS, KARPENTER_NODEPOOL_API_VERSION, KUEUE_API_VERSIONS,
 };
 
 /// Objects per list request: the page size kube's reflectors and kubectl use.
@@ -130,6 +130,9 @@ pub struct ClusterWide {
     pub device_classes: Option<Arc<BTreeSet<String>>>,
     pub kueue: Option<&'static str>,
     pub cluster_queues: Option<Arc<BTreeMap<String, Arc<Value>>>>,
+    /// What may add nodes: the Cluster Autoscaler's status ConfigMap, Karpenter's
+    /// NodePools (None: not read, for the reason in [`Auditor::unread`]).
+    pub autoscaling: Option<Arc<Autoscaling>>,
 }
 
 /// Whether the policy, one of its profiles, or a namespace's TollgateProfile over either,
@@ -237,6 +240,7 @@ pub async fn cluster_wide(a: &Auditor, policy: &Policy) -> Result<ClusterWide, A
             wide.cluster_queues = Some(Arc::new(queues));
         }
     }
+    wide.autoscaling = autoscaling(a).await?;
     Ok(wide)
 }
 
@@ -374,6 +378,7 @@ pub async fn context(
             }
             objects.cluster_queues = wide.cluster_queues.clone();
         }
+        objects.autoscaling = wide.autoscaling.clone();
     }
     let trainjobs = in_namespace(policy, &ns.name)
         .iter()
@@ -387,6 +392,62 @@ pub async fn context(
         }
     }
     Ok(objects)
+}
+
+/// What may add nodes, as the server's cluster context watches it: the Cluster
+/// Autoscaler's status ConfigMap (absent: no Cluster Autoscaler) and Karpenter's NodePools
+/// (not served: no Karpenter). None where the identity may not read one of them (the audit
+/// says so): feasibility then takes the nodes there are as all there will be.
+async fn autoscaling(a: &Auditor) -> Result<Option<Arc<Autoscaling>>, AuditError> {
+    let mut out = Autoscaling::default();
+    let (namespace, name) = CLUSTER_AUTOSCALER_STATUS;
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(a.client.clone(), namespace);
+    match maps.get_metadata_opt(name).await {
+        Ok(found) => out.cluster_autoscaler = found.is_some(),
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            let needs = Needs {
+                verb: "get",
+                resource: "configmaps (cluster-autoscaler-status)",
+                namespace: Some(namespace),
+            };
+            a.note_unread(needs.describe(), s.message);
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(classify(
+                &a.url,
+                Needs {
+                    verb: "get",
+                    resource: "configmaps (cluster-autoscaler-status)",
+                    namespace: Some(namespace),
+                },
+                e,
+            ))
+        }
+    }
+    let served = dra::newest_served(&a.client, &[KARPENTER_NODEPOOL_API_VERSION])
+        .await
+        .map_err(|e| discovery_failed(a, e))?;
+    if let Some(version) = served {
+        let resource = dra::resource(version, "NodePool", "nodepools");
+        let mut pools = vec![];
+        let listed = match raw_pages(a, &resource, None, |p| {
+            if let Ok(p) = kueue::queue(&p) {
+                pools.push(p);
+            }
+        })
+        .await
+        {
+            Ok(()) => true,
+            Err(e) => unreadable(a, "nodepools.karpenter.sh", None, e)?,
+        };
+        if !listed {
+            return Ok(None);
+        }
+        out.node_pools = pools;
+    }
+    Ok(Some(Arc::new(out)))
 }
 
 /// A list of claims or templates that failed: none on 404 (the version went away since

@@ -36,7 +36,7 @@ pub use tollgate_core::synthetic_review;
 use tollgate_core::{
     claim_from, claim_template_from, group_version, place_in_namespace, run_pipeline, Cluster,
     Judged, ObjectStatus, Objects, Policy, Reviewed, Stage, TemplateVerdict, DRA_API_VERSIONS,
-    KUEUE_API_VERSIONS,
+    KARPENTER_NODEPOOL_API_VERSION, KUEUE_API_VERSIONS,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -499,8 +499,9 @@ fn namespace_object(name: &str, labels: &BTreeMap<String, String>) -> Namespace 
 
 /// Adds `doc` to `context` if it is a context object (a ResourceClaim or
 /// ResourceClaimTemplate of any served `resource.k8s.io` version, read as v1, a Namespace,
-/// a Node, a ResourceQuota, a DeviceClass, a Trainer runtime or a Kueue LocalQueue or
-/// ClusterQueue); false if it is another kind. An object is taken in the namespace it has
+/// a Node, a ResourceQuota, a DeviceClass, a Trainer runtime, a Kueue LocalQueue or
+/// ClusterQueue, the Cluster Autoscaler's status ConfigMap or a Karpenter NodePool); false
+/// if it is another kind. An object is taken in the namespace it has
 /// ([`read`] placed those written without one); a Namespace gets the name label the
 /// apiserver sets on every namespace. With one Node,
 /// quota or DeviceClass, the context knows them all: those it holds, none elsewhere.
@@ -544,6 +545,11 @@ pub fn add_context(context: &mut Objects, doc: &Value) -> Result<bool, String> {
         }
         ("ClusterQueue", _) if KUEUE_API_VERSIONS.contains(&api) => {
             return Ok(context.add_kueue_queue(doc.clone()));
+        }
+        // What may add nodes: the Cluster Autoscaler's status ConfigMap (another ConfigMap is
+        // not context) and Karpenter's NodePools, read as JSON.
+        ("ConfigMap", "v1") | ("NodePool", KARPENTER_NODEPOOL_API_VERSION) => {
+            return Ok(context.add_autoscaling(doc.clone()));
         }
         // What a TrainJob's pods are made from, read as JSON.
         ("TrainingRuntime" | "ClusterTrainingRuntime", "trainer.kubeflow.org/v1alpha1") => {

@@ -133,6 +133,11 @@ impl Health {
         }
     }
 
+    /// Whether the RBAC forbade its last list or watch.
+    pub fn is_forbidden(&self) -> bool {
+        self.forbidden.load(Ordering::Relaxed)
+    }
+
     pub fn status(&self) -> ResourceStatus {
         let since = self.failing_since.load(Ordering::Relaxed);
         ResourceStatus {

@@ -26,7 +26,7 @@ pub use watch::{Options, Watched};
 /// The resources the context watches, one cache each. A cluster may not serve some (DRA's
 /// before 1.34 or without DRA, Kubeflow Trainer's runtimes, Kueue's queues): while it does not, they have
 /// no metric series and readiness does not wait for them.
-pub const RESOURCES: [&str; 12] = [
+pub const RESOURCES: [&str; 14] = [
     "resourceclaims",
     "resourceclaimtemplates",
     "namespaces",
@@ -39,6 +39,8 @@ pub const RESOURCES: [&str; 12] = [
     "clusterqueues",
     tollgate_core::POLICY_PLURAL,
     tollgate_core::PROFILE_PLURAL,
+    "configmaps",
+    "nodepools",
 ];
 
 use std::future::Future;

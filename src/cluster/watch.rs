@@ -1,9 +1,10 @@
 //! The cluster context fed by watches: ResourceClaims, ResourceClaimTemplates and
 //! DeviceClasses (`dra.rs`: in the version the cluster serves), Namespaces, Nodes (by shape:
 //! `nodes.rs`), ResourceQuotas (by namespace: `quotas.rs`), Kubeflow Trainer's
-//! TrainingRuntimes and ClusterTrainingRuntimes, and Kueue's LocalQueues and ClusterQueues
-//! (`kueue.rs`: in the version the cluster serves), each fed by a kube watcher through
-//! `cache::drive`.
+//! TrainingRuntimes and ClusterTrainingRuntimes, Kueue's LocalQueues and ClusterQueues
+//! (`kueue.rs`: in the version the cluster serves), and what may add nodes (the Cluster
+//! Autoscaler's status ConfigMap, by name, and Karpenter's NodePools where served), each fed
+//! by a kube watcher through `cache::drive`.
 //!
 //! - Reviews read the caches and never wait on them. A claim, template, namespace or
 //!   runtime that a cache has not synced yet, or does not hold, answers "unknown", and the
@@ -38,9 +39,10 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ResourceQuota};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client, Resource, ResourceExt as _};
@@ -61,7 +63,8 @@ use super::pages;
 use super::quotas::{self, QuotaSink};
 use super::{BoxFuture, ClusterContext, ResourceStatus};
 use tollgate_core::{
-    claim_from, claim_template_from, Cluster, ContextKind, Lookup, Nodes, ObjectKey, Objects,
+    claim_from, claim_template_from, Autoscaling, Cluster, ContextKind, Lookup, Nodes, ObjectKey,
+    Objects, CLUSTER_AUTOSCALER_STATUS, KARPENTER_NODEPOOL_API_VERSION,
 };
 
 /// How long an object a GET found is used before the watch must have it.
@@ -82,6 +85,8 @@ const NO_TRAINER: &str = "Kubeflow Trainer is not installed; TrainJobs naming a 
 const NO_FEASIBILITY: &str = "feasibility says nothing of it until it does";
 const NO_POLICY_OBJECTS: &str = "the tollgate.dev CRDs (TollgatePolicy, TollgateProfile) are not installed: the policy file (or the built-in policy) is in force alone, and the watch keeps retrying";
 const NO_KUEUE: &str = "the cluster serves no kueue.x-k8s.io version tollgate reads (v1, v1beta2, v1beta1): workloads are held to their namespace's ResourceQuotas, and discovery is asked again every 5 minutes";
+const NO_AUTOSCALER_STATUS: &str = "whether the Cluster Autoscaler runs is not known: a pod no node can run now is a warning, not a refusal, until it is";
+const NO_KARPENTER: &str = "the cluster serves no karpenter.sh/v1 NodePools: no Karpenter adds nodes, and discovery is asked again every 5 minutes";
 
 /// The caches' health, one per watch.
 struct Healths {
@@ -97,11 +102,13 @@ struct Healths {
     cluster_queues: Arc<Health>,
     policies: Arc<Health>,
     profiles: Arc<Health>,
+    autoscaler_status: Arc<Health>,
+    node_pools: Arc<Health>,
 }
 
 impl Healths {
     fn new() -> Healths {
-        let [claims, templates, namespaces, nodes, quotas, classes, runtimes, cluster_runtimes, local_queues, cluster_queues, policies, profiles] =
+        let [claims, templates, namespaces, nodes, quotas, classes, runtimes, cluster_runtimes, local_queues, cluster_queues, policies, profiles, autoscaler_status, node_pools] =
             super::RESOURCES;
         let h = |r, readiness, note| Arc::new(Health::new(r, readiness, note));
         Healths {
@@ -117,11 +124,17 @@ impl Healths {
             cluster_queues: h(cluster_queues, Readiness::UnlessUnavailable, NO_KUEUE),
             policies: h(policies, Readiness::UnlessUnavailable, NO_POLICY_OBJECTS),
             profiles: h(profiles, Readiness::UnlessUnavailable, NO_POLICY_OBJECTS),
+            autoscaler_status: h(
+                autoscaler_status,
+                Readiness::UnlessUnavailable,
+                NO_AUTOSCALER_STATUS,
+            ),
+            node_pools: h(node_pools, Readiness::UnlessUnavailable, NO_KARPENTER),
         }
     }
 
     /// In the order of [`super::RESOURCES`].
-    fn all(&self) -> [&Arc<Health>; 12] {
+    fn all(&self) -> [&Arc<Health>; 14] {
         [
             &self.claims,
             &self.templates,
@@ -135,6 +148,8 @@ impl Healths {
             &self.cluster_queues,
             &self.policies,
             &self.profiles,
+            &self.autoscaler_status,
+            &self.node_pools,
         ]
     }
 
@@ -162,6 +177,11 @@ pub struct Watched {
     device_classes: Arc<ArcSwap<BTreeSet<String>>>,
     local_queues: Arc<ArcSwap<Queues>>,
     cluster_queues: Arc<ArcSwap<Queues>>,
+    /// The Cluster Autoscaler's status ConfigMap, its metadata only (the store holds it or
+    /// nothing).
+    autoscaler_status: Store<PartialObjectMeta<ConfigMap>>,
+    /// Karpenter's NodePools, without status.
+    node_pools: Arc<ArcSwap<Queues>>,
     /// The DRA version the cluster serves, for the fetches.
     dra: Arc<Discovery>,
     health: Healths,
@@ -435,7 +455,42 @@ impl Watched {
             health.policies.clone(),
             health.profiles.clone(),
         ]));
-        let mut tasks = vec![t1, t2, t3, t4, t5, t6, t7, t8, t9, t10];
+        // The Cluster Autoscaler's status ConfigMap, by name (the RBAC grants that one
+        // ConfigMap of kube-system, no other), its metadata only: that it exists is all
+        // feasibility reads, whatever its format.
+        let (autoscaler_status, t11) = {
+            let (namespace, name) = CLUSTER_AUTOSCALER_STATUS;
+            let api = Api::<PartialObjectMeta<ConfigMap>>::namespaced(client.clone(), namespace);
+            let sink = Reflected::new();
+            let store = sink.store();
+            let health = health.autoscaler_status.clone();
+            let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+            let task = tokio::spawn(async move {
+                let mut sink = sink;
+                let stream = watcher(api.clone(), config)
+                    .default_backoff()
+                    .modify(|o: &mut PartialObjectMeta<ConfigMap>| o.managed_fields_mut().clear());
+                drive(stream, &health, &mut sink, &api, false).await;
+            });
+            (store, task)
+        };
+        let karpenter = Arc::new(Discovery::of(
+            client.clone(),
+            &[KARPENTER_NODEPOOL_API_VERSION],
+        ));
+        let node_pools = Arc::new(ArcSwap::from_pointee(Queues::new()));
+        let t12 = tokio::spawn(dra::run(
+            client.clone(),
+            karpenter,
+            dra::Watch {
+                kind: "NodePool",
+                plural: "nodepools",
+                convert: kueue::queue,
+            },
+            health.node_pools.clone(),
+            QueueSink::new(node_pools.clone()),
+        ));
+        let mut tasks = vec![t1, t2, t3, t4, t5, t6, t7, t8, t9, t10, t11, t12];
         tasks.extend(policy_objects.start(&client));
         Watched {
             client,
@@ -449,6 +504,8 @@ impl Watched {
             device_classes,
             local_queues,
             cluster_queues,
+            autoscaler_status,
+            node_pools,
             dra: discovery,
             health,
             policy_objects,
@@ -693,6 +750,31 @@ impl Cluster for Watched {
 
     fn kueue_cluster_queue(&self, name: &str) -> Option<Lookup<Arc<Value>>> {
         queue(&self.health.cluster_queues, &self.cluster_queues, "", name)
+    }
+
+    /// Unknown while either source has not synced, or the RBAC forbids reading it: a pod no
+    /// node can run now is not refused for what tollgate cannot see. A cluster that serves
+    /// no NodePools has no Karpenter.
+    fn autoscaling(&self) -> Option<Lookup<Arc<Autoscaling>>> {
+        let (ca, pools) = (&self.health.autoscaler_status, &self.health.node_pools);
+        let forbidden = |h: &Health| h.is_served() && h.is_forbidden();
+        if forbidden(ca) || forbidden(pools) {
+            return Some(Lookup::Unknown);
+        }
+        let status = ca.known(|| !self.autoscaler_status.is_empty());
+        let pools = pools.known(|| self.node_pools.load_full());
+        let mut out = Autoscaling::default();
+        match status {
+            Some(Lookup::Found(present)) => out.cluster_autoscaler = present,
+            Some(_) => return Some(Lookup::Unknown),
+            None => {}
+        }
+        match pools {
+            Some(Lookup::Found(p)) => out.node_pools = p.values().cloned().collect(),
+            Some(_) => return Some(Lookup::Unknown),
+            None => {}
+        }
+        Some(Lookup::Found(Arc::new(out)))
     }
 
     fn is_offline(&self) -> bool {

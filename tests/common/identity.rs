@@ -277,8 +277,9 @@ pub fn moved(docs: &[Value], namespace: &str) -> Vec<Value> {
         .collect()
 }
 
-/// `docs` with their cluster-scoped RBAC objects (ClusterRoles, ClusterRoleBindings) named
-/// `NAME-suffix`, and every binding's reference to such a ClusterRole with them: the
+/// `docs` with their cluster-scoped RBAC objects (ClusterRoles, ClusterRoleBindings), and
+/// the Roles and RoleBindings of a namespace other than `suffix` (kube-system's), named
+/// `NAME-suffix`, and every binding's reference to such a role with them: the
 /// shipped names are one per apiserver, shared by every test (rules, subjects and
 /// namespaced objects as they were).
 pub fn own_names(docs: &[Value], suffix: &str) -> Vec<Value> {
@@ -286,10 +287,21 @@ pub fn own_names(docs: &[Value], suffix: &str) -> Vec<Value> {
     docs.iter()
         .map(|d| {
             let mut d = d.clone();
-            if d["kind"] == "ClusterRole" || d["kind"] == "ClusterRoleBinding" {
+            // A Role and its binding in a namespace of the cluster's own (kube-system's,
+            // for one ConfigMap there) are shared by every test too.
+            let elsewhere = d["metadata"]["namespace"]
+                .as_str()
+                .is_some_and(|n| n != suffix);
+            let kind = d["kind"].as_str().unwrap_or("");
+            if matches!(kind, "ClusterRole" | "ClusterRoleBinding")
+                || (elsewhere && matches!(kind, "Role" | "RoleBinding"))
+            {
                 d["metadata"]["name"] = renamed(&d["metadata"]["name"]);
             }
-            if d.get("roleRef").is_some() && d["roleRef"]["kind"] == "ClusterRole" {
+            if d.get("roleRef").is_some()
+                && (d["roleRef"]["kind"] == "ClusterRole"
+                    || (elsewhere && d["roleRef"]["kind"] == "Role"))
+            {
                 d["roleRef"]["name"] = renamed(&d["roleRef"]["name"]);
             }
             d
