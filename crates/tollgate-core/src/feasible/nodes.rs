@@ -50,13 +50,16 @@ pub(super) fn check_nodes(
     };
     let shared = shared(policy, pod, &out.usage.requests);
     let requests = shared.as_ref().unwrap_or(&out.usage.requests);
-    let (why, fix) = if reach.allowed.is_empty() {
-        no_node_may_run(pod, nodes, &reach)
+    let (lead, (why, fix)) = if reach.allowed.is_empty() {
+        ("no node may run it", no_node_may_run(pod, nodes, &reach))
     } else {
         let Some(short) = shortfall(requests, &reach.allowed) else {
             return;
         };
-        no_node_can_run(&short, &reach.allowed)
+        (
+            "no node can run it",
+            no_node_can_run(&short, &reach.allowed),
+        )
     };
     let (never, message) = match scale_up(policy, pod, requests, cluster) {
         ScaleUp::May(who) => (
@@ -72,11 +75,11 @@ pub(super) fn check_nodes(
                 "no node offers what it asks for now: {why}. Whether an autoscaler may add one is not known yet"
             ),
         ),
-        ScaleUp::Cannot(pools) if pools.is_empty() => (true, format!("{why}. To fix it, {fix}")),
+        ScaleUp::Cannot(pools) if pools.is_empty() => (true, format!("{lead}: {why}. {fix}")),
         ScaleUp::Cannot(pools) => (
             true,
             format!(
-                "{why}, and no NodePool may add one ({}). To fix it, {fix}",
+                "{lead}: {why}, and no NodePool may add one ({}). {fix}",
                 pools.join("; ")
             ),
         ),
@@ -222,8 +225,8 @@ fn shortfall<'a>(requests: &'a Amounts, allowed: &[(&Shape, usize)]) -> Option<V
     Some(short)
 }
 
-/// Why no node may run the pod (`no node may run it: ...`, what its selectors and its
-/// tolerations rule out), and what to change.
+/// Why no node may run the pod (what its selectors and its tolerations rule out), and the
+/// sentence that says what to change.
 fn no_node_may_run(pod: &Pod, nodes: &Nodes, reach: &Reach<'_>) -> (String, String) {
     let total = nodes.count();
     let mut why = vec![];
@@ -256,15 +259,12 @@ fn no_node_may_run(pod: &Pod, nodes: &Nodes, reach: &Reach<'_>) -> (String, Stri
         );
     }
     fix.push("ask your platform team which nodes are for you".into());
-    (
-        format!("no node may run it: {}", why.join("; ")),
-        fix.join(", or "),
-    )
+    (why.join("; "), format!("To fix it, {}", fix.join(", or ")))
 }
 
-/// Why no node the pod may use can run it (`no node can run it: ...`, each resource it
-/// asks for more of than the largest of them offers, and what they offer of the same
-/// vendor instead), and what to change.
+/// Why no node the pod may use can run it (each resource it asks for more of than the
+/// largest of them offers, and what they offer of the same vendor instead), and the
+/// sentence that says what to change.
 fn no_node_can_run(short: &[Short<'_>], allowed: &[(&Shape, usize)]) -> (String, String) {
     let may_use: usize = allowed.iter().map(|(_, n)| n).sum();
     let mut lines: Vec<String> = vec![];
@@ -306,8 +306,8 @@ fn no_node_can_run(short: &[Short<'_>], allowed: &[(&Shape, usize)]) -> (String,
         lines.push("no node it may use offers all it asks for at once".into());
     }
     (
-        format!("no node can run it: {}", lines.join("; ")),
-        "ask for less per pod (more pods, fewer resources each), or ask your platform team for larger nodes".into(),
+        lines.join("; "),
+        "Ask for less per pod (more pods, fewer resources each), or ask your platform team for larger nodes".into(),
     )
 }
 
