@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use apiserver::{ApiServer, Verb};
+use apiserver::{ApiServer, ResourceType, Verb};
 use serde_json::{json, Value};
 use tollgate_apiserver_standin as apiserver;
 
@@ -33,7 +33,21 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
-        let api = ApiServer::start().await;
+        // Beside what tollgate reads of every cluster: what may add nodes (the Cluster
+        // Autoscaler's status ConfigMap, Karpenter's NodePools), for the goldens that hold
+        // them.
+        let api = ApiServer::builder()
+            .resources(ResourceType::defaults())
+            .resource(ResourceType::new("", "v1", "configmaps", "ConfigMap", true))
+            .resource(ResourceType::new(
+                "karpenter.sh",
+                "v1",
+                "nodepools",
+                "NodePool",
+                false,
+            ))
+            .start()
+            .await;
         let kubeconfig = tempfile::NamedTempFile::new().unwrap();
         api.write_kubeconfig(kubeconfig.path()).unwrap();
         Cluster { api, kubeconfig }
@@ -858,12 +872,25 @@ spec:
 /// A ClusterRole of `rules` bound to the user `user` cluster-wide (both named for the
 /// user), created as the admin.
 async fn bind_user(c: &Real, user: &str, rules: Value) {
+    // With the one ConfigMap of kube-system the shipped RBAC reads (whether the Cluster
+    // Autoscaler runs), as deploy/base grants it beside the ClusterRoles.
+    let status = common::context::rules_of(
+        "deploy/base/rbac.yaml",
+        "Role",
+        "tollgate-cluster-autoscaler-status",
+    );
     c.create(vec![
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": {"name": user}, "rules": rules}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
             "metadata": {"name": user},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": user, "namespace": "kube-system"}, "rules": status}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": user, "namespace": "kube-system"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}),
     ])
     .await;
@@ -1730,6 +1757,8 @@ async fn audit_reports_what_can_never_run() {
                 "DeviceClass" => "deviceclasses",
                 "ResourceClaim" => "resourceclaims",
                 "ResourceClaimTemplate" => "resourceclaimtemplates",
+                "ConfigMap" => "configmaps",
+                "NodePool" => "nodepools",
                 k => panic!("{}: context kind {k}", c.case),
             };
             let mut d = d.clone();

@@ -194,7 +194,9 @@ fn base_renders_everything_an_install_needs() {
             "MutatingWebhookConfiguration/\"tollgate\"",
             "Namespace/\"tollgate-system\"",
             "PodDisruptionBudget/\"tollgate\"",
+            "Role/\"tollgate-cluster-autoscaler-status\"",
             "Role/\"tollgate-policy-status\"",
+            "RoleBinding/\"tollgate-cluster-autoscaler-status\"",
             "RoleBinding/\"tollgate-policy-status\"",
             "Service/\"tollgate\"",
             "ServiceAccount/\"tollgate\"",
@@ -941,6 +943,7 @@ fn cluster_context_rbac_is_read_only_and_exact() {
             "/namespaces",
             "/nodes",
             "/resourcequotas",
+            "karpenter.sh/nodepools",
             "kueue.x-k8s.io/clusterqueues",
             "kueue.x-k8s.io/localqueues",
             "resource.k8s.io/deviceclasses",
@@ -950,6 +953,18 @@ fn cluster_context_rbac_is_read_only_and_exact() {
             "trainer.kubeflow.org/trainingruntimes"
         ]
     );
+    // In kube-system, one ConfigMap by name, read only: whether the Cluster Autoscaler
+    // runs.
+    let status = find(docs, "Role", "tollgate-cluster-autoscaler-status");
+    assert_eq!(status["metadata"]["namespace"], "kube-system");
+    assert_eq!(
+        status["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["configmaps"],
+            "resourceNames": ["cluster-autoscaler-status"], "verbs": ["get", "list", "watch"]}])
+    );
+    let status_binding = find(docs, "RoleBinding", "tollgate-cluster-autoscaler-status");
+    assert_eq!(status_binding["subjects"][0]["name"], "tollgate");
+    assert_eq!(status_binding["subjects"][0]["namespace"], NAMESPACE);
     let binding = find(docs, "ClusterRoleBinding", "tollgate-cluster-context");
     assert_eq!(binding["roleRef"]["name"], "tollgate-cluster-context");
     assert_eq!(binding["subjects"][0]["kind"], "ServiceAccount");

@@ -178,6 +178,12 @@ impl Isolated {
             r
         }));
         context::bind(self.cp, &self.ns, "audit", &rules).await;
+        let status = context::rules_of(
+            "deploy/base/rbac.yaml",
+            "Role",
+            "tollgate-cluster-autoscaler-status",
+        );
+        context::bind_elsewhere(self.cp, "kube-system", &self.ns, "audit", &status).await;
         let lease = context::rules_of(audit_rbac, "Role", "tollgate-audit-lease");
         context::bind_in(self.cp, &self.ns, "audit", &lease).await;
         context::sa_kubeconfig(self.cp, &self.ns, "audit")
@@ -901,7 +907,7 @@ async fn what_the_rbac_forbids_holds_nothing_up() {
     assert_eq!(synced(&server, "namespaces").await, Some(1.0));
 
     // Granted later (the shipped rules bound too): picked up without a restart.
-    context::bind(t.cp, &t.ns, "tollgate", &context::shipped_rules()).await;
+    context::bind_shipped(t.cp, &t.ns, "tollgate").await;
     until("the nodes once allowed", async || {
         refusal(&validate(&mut c, &nine).await).contains(
             "it asks for 9 nvidia.com/gpu, and the largest of the 1 node it may use offers 8",
@@ -1227,4 +1233,114 @@ async fn memory_of_5000_nodes() {
         mib(with.rss_kib.saturating_sub(on_rss)),
         mib(after.saturating_sub(on_rss))
     );
+}
+
+/// What may add a node, as the server's cluster context watches it on a plane of its own
+/// (`envtest::autoscaling_plane`): with only a node offering no GPU, a pod of 8 GPUs can
+/// never run (refused under enforce); a Karpenter NodePool for the pod's pool whose limits
+/// allow 4 GPUs in all leaves it so, named with why; its limits raised, the pod is allowed
+/// with a warning naming the NodePool that may add a node; the NodePool gone and the
+/// Cluster Autoscaler's status ConfigMap there, the warning names the Cluster Autoscaler;
+/// that gone too, refused again. Each by the watch alone, as the shipped ServiceAccount
+/// (its Role in kube-system for that one ConfigMap, its ClusterRole for NodePools).
+#[tokio::test]
+async fn what_may_add_a_node_by_watch_changes_the_answer() {
+    let Some(t) = isolated_on(common::envtest::autoscaling_plane(), "fz-scale").await else {
+        return;
+    };
+    context::install_crds(&t.admin, "tests/data/crds/karpenter.yaml").await;
+    t.node("cpu-0", "0", json!({})).await;
+    let server = t.serve(ENFORCE).await;
+    let mut c = client(&server).await;
+    until("ready", async || ready(&mut c).await.0 == 200).await;
+    let eight = t.pod("eight", "8", json!({}));
+    let none_offers = "it asks for 8 nvidia.com/gpu, which none of the 1 node it may use offers";
+    let r = validate(&mut c, &eight).await;
+    assert!(refusal(&r).contains(none_offers), "{r}");
+    assert!(!refusal(&r).contains("NodePool"), "{r}");
+
+    let pools = kube::Api::<kube::api::DynamicObject>::all_with(
+        t.admin.clone(),
+        &kube::api::ApiResource {
+            group: "karpenter.sh".into(),
+            version: "v1".into(),
+            api_version: "karpenter.sh/v1".into(),
+            kind: "NodePool".into(),
+            plural: "nodepools".into(),
+        },
+    );
+    let pool_name = format!("{}-gpu", t.pool.name);
+    let pool = |limit: &str| {
+        json!({"apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+        "metadata": {"name": pool_name},
+        "spec": {
+            "template": {
+                "metadata": {"labels": {"tollgate.test/pool": t.pool.name}},
+                "spec": {
+                    "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "gpu"},
+                    "requirements": [{"key": "karpenter.k8s.aws/instance-family",
+                        "operator": "In", "values": ["p5"]}],
+                    "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"},
+                        {"key": "tollgate.test/pool", "value": t.pool.name, "effect": "NoSchedule"}]
+                }
+            },
+            "limits": {"nvidia.com/gpu": limit}
+        }})
+    };
+    context::create(&t.admin, &pool("4")).await;
+    let limits = format!(
+        "Karpenter's NodePool \"{pool_name}\": its limits allow 4 nvidia.com/gpu in all, and the pod asks for 8"
+    );
+    until("the NodePool's limits named", async || {
+        refusal(&validate(&mut c, &eight).await).contains(&limits)
+    })
+    .await;
+
+    let mut raised: kube::api::DynamicObject = pools.get(&pool_name).await.unwrap();
+    raised.data["spec"]["limits"]["nvidia.com/gpu"] = json!("64");
+    pools
+        .replace(&pool_name, &Default::default(), &raised)
+        .await
+        .unwrap();
+    let may_add = format!("Karpenter's NodePool \"{pool_name}\" may add one");
+    until("allowed, the NodePool named", async || {
+        let r = validate(&mut c, &eight).await;
+        r["allowed"] == true && warnings(&r).contains(&may_add)
+    })
+    .await;
+    let r = validate(&mut c, &eight).await;
+    let w = warnings(&r);
+    assert!(
+        w.contains("cannot run now: no node offers what it asks for now"),
+        "{w}"
+    );
+    assert!(
+        !w.contains("can never run") && !w.contains("no node can run it"),
+        "{w}"
+    );
+
+    pools.delete(&pool_name, &Default::default()).await.unwrap();
+    let maps = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+        t.admin.clone(),
+        "kube-system",
+    );
+    let status = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "cluster-autoscaler-status", "namespace": "kube-system"},
+        "data": {"status": "Cluster-autoscaler status at 2026-12-05 10:00:00 +0000 UTC:\nCluster-wide:\n  Health: Healthy\n"}});
+    context::create(&t.admin, &status).await;
+    until("allowed, the Cluster Autoscaler named", async || {
+        let r = validate(&mut c, &eight).await;
+        r["allowed"] == true && warnings(&r).contains("The Cluster Autoscaler may add one")
+    })
+    .await;
+    assert_eq!(synced(&server, "configmaps").await, Some(1.0));
+    assert_eq!(synced(&server, "nodepools").await, Some(1.0));
+
+    maps.delete("cluster-autoscaler-status", &Default::default())
+        .await
+        .unwrap();
+    until("refused again", async || {
+        refusal(&validate(&mut c, &eight).await).contains(none_offers)
+    })
+    .await;
 }

@@ -597,6 +597,24 @@ async fn taken_names_gone(admin: &kube::Client) {
                 taken.push(format!("ClusterRoleBinding {name}"));
             }
         }
+        // In kube-system, the Role for the Cluster Autoscaler's status ConfigMap.
+        let status = "tollgate-cluster-autoscaler-status";
+        if kube::Api::<rbac::Role>::namespaced(c.clone(), "kube-system")
+            .get_opt(status)
+            .await
+            .unwrap()
+            .is_some()
+        {
+            taken.push(format!("Role kube-system/{status}"));
+        }
+        if kube::Api::<rbac::RoleBinding>::namespaced(c.clone(), "kube-system")
+            .get_opt(status)
+            .await
+            .unwrap()
+            .is_some()
+        {
+            taken.push(format!("RoleBinding kube-system/{status}"));
+        }
         if taken.is_empty() {
             return;
         }
@@ -698,9 +716,12 @@ async fn the_chart_installed_runs_tollgate_with_its_rbac_sufficient_and_no_wider
         let gvk = kube::api::GroupVersionKind::gvk(group, version, d["kind"].as_str().unwrap());
         let (ar, caps) = kube::discovery::pinned_kind(&admin, &gvk).await.unwrap();
         let api: kube::Api<kube::api::DynamicObject> = match caps.scope {
-            kube::discovery::Scope::Namespaced => {
-                kube::Api::namespaced_with(admin.clone(), &ns, &ar)
-            }
+            // The release's namespace, or the object's own (kube-system's Role).
+            kube::discovery::Scope::Namespaced => kube::Api::namespaced_with(
+                admin.clone(),
+                d["metadata"]["namespace"].as_str().unwrap_or(&ns),
+                &ar,
+            ),
             kube::discovery::Scope::Cluster => kube::Api::all_with(admin.clone(), &ar),
         };
         let name = d["metadata"]["name"].as_str().unwrap();

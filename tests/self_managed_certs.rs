@@ -408,6 +408,7 @@ fn certs_needs(c: &Cluster) -> std::collections::BTreeSet<String> {
             "trainer.kubeflow.org/clustertrainingruntimes",
             "kueue.x-k8s.io/localqueues",
             "kueue.x-k8s.io/clusterqueues",
+            "karpenter.sh/nodepools",
         ] {
             out.insert(format!("{v} {r}"));
         }

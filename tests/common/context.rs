@@ -184,6 +184,19 @@ pub fn shipped_rules() -> Vec<Value> {
     )
 }
 
+/// Binds the cluster context's RBAC as deploy/base ships it to the ServiceAccount `sa` of
+/// `namespace`: the ClusterRole's rules, and the Role of kube-system for the one ConfigMap
+/// it reads there (whether the Cluster Autoscaler runs).
+pub async fn bind_shipped(cp: &ControlPlane, namespace: &str, sa: &str) {
+    bind(cp, namespace, sa, &shipped_rules()).await;
+    let status = rules_of(
+        "deploy/base/rbac.yaml",
+        "Role",
+        "tollgate-cluster-autoscaler-status",
+    );
+    bind_elsewhere(cp, "kube-system", namespace, sa, &status).await;
+}
+
 /// Binds a ClusterRole of `rules` (created under a name of its own) to the ServiceAccount
 /// `sa` of `namespace`.
 pub async fn bind(cp: &ControlPlane, namespace: &str, sa: &str, rules: &[Value]) {
@@ -225,6 +238,32 @@ pub async fn bind_in(cp: &ControlPlane, namespace: &str, sa: &str, rules: &[Valu
     .await;
 }
 
+/// Binds a Role of `rules` in `role_namespace` to the ServiceAccount `sa` of `namespace`.
+pub async fn bind_elsewhere(
+    cp: &ControlPlane,
+    role_namespace: &str,
+    namespace: &str,
+    sa: &str,
+    rules: &[Value],
+) {
+    let admin = cp.client("admin").await;
+    let role = unique(&format!("{sa}-{namespace}"));
+    create(
+        &admin,
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": role, "namespace": role_namespace}, "rules": rules}),
+    )
+    .await;
+    create(
+        &admin,
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": role, "namespace": role_namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]}),
+    )
+    .await;
+}
+
 /// A kubeconfig acting as the ServiceAccount `sa` of `namespace` (the admin impersonating
 /// it, so that no token controller is needed: RBAC judges the ServiceAccount's user name
 /// and groups, as it would its token's).
@@ -256,7 +295,7 @@ pub async fn until_may_list(cp: &ControlPlane, kubeconfig: &std::path::Path, res
 /// once the apiserver's authorizer has the binding (so that the server's first lists are
 /// not refused): its kubeconfig.
 pub async fn shipped_identity(cp: &ControlPlane, namespace: &str) -> PathBuf {
-    bind(cp, namespace, "tollgate", &shipped_rules()).await;
+    bind_shipped(cp, namespace, "tollgate").await;
     let kubeconfig = sa_kubeconfig(cp, namespace, "tollgate");
     until_may_list(cp, &kubeconfig, "nodes").await;
     kubeconfig

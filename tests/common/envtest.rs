@@ -617,6 +617,17 @@ pub fn bare_plane() -> Option<&'static ControlPlane> {
     )
 }
 
+static AUTOSCALING: OnceLock<Result<ControlPlane, Unstarted>> = OnceLock::new();
+
+/// A control plane for the tests of what may add nodes (the Cluster Autoscaler's status
+/// ConfigMap in kube-system, Karpenter's NodePools): either turns every server's "no node
+/// can run it" into a warning, so on a shared plane one test's would change every other
+/// test's answers. Started only for the tests that ask for it; they keep to pools of nodes
+/// and namespaces of their own.
+pub fn autoscaling_plane() -> Option<&'static ControlPlane> {
+    started(&AUTOSCALING, &Shape::SERVED)
+}
+
 static SCHEDULING: OnceLock<Result<ControlPlane, Unstarted>> = OnceLock::new();
 
 /// A control plane with the real kube-scheduler and kube-controller-manager (the

@@ -212,7 +212,7 @@ impl<'a> NodePool<'a> {
                 ));
             }
         }
-        if let Some(terms) = super::nodes::required_terms(pod) {
+        if let Some(terms) = super::placement::required_terms(pod) {
             let any = terms.iter().any(|t| {
                 t.match_fields.iter().flatten().next().is_none()
                     && t.match_expressions
@@ -227,7 +227,7 @@ impl<'a> NodePool<'a> {
         if let Some(t) = self
             .taints
             .iter()
-            .find(|t| !super::nodes::tolerated(pod, t))
+            .find(|t| !super::placement::tolerated(pod, t))
         {
             return Some(format!(
                 "its nodes are tainted {t}, which the pod does not tolerate"

@@ -36,6 +36,7 @@ mod autoscaling;
 mod classes;
 mod kueue;
 mod nodes;
+mod placement;
 mod quotas;
 mod usage;
 

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod};
 
 use super::autoscaling::{scale_up, ScaleUp};
+use super::placement::{required_terms, tolerated};
 use super::{Obstacle, Outlook};
 use crate::capacity::{Nodes, Shape, Taint};
 use crate::cluster::Cluster;
@@ -376,20 +377,6 @@ fn selector_words(pod: &Pod) -> String {
     }
 }
 
-pub(super) fn required_terms(
-    pod: &Pod,
-) -> Option<&Vec<k8s_openapi::api::core::v1::NodeSelectorTerm>> {
-    pod.spec
-        .as_ref()?
-        .affinity
-        .as_ref()?
-        .node_affinity
-        .as_ref()?
-        .required_during_scheduling_ignored_during_execution
-        .as_ref()
-        .map(|s| &s.node_selector_terms)
-}
-
 /// Whether the pod's `nodeName`, `nodeSelector` or required node affinity read what differs
 /// from node to node of one shape: its name, or a label of the host keys (the hostname's).
 fn names_nodes(pod: &Pod, nodes: &Nodes) -> bool {
@@ -460,32 +447,6 @@ fn requirement(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
         },
         _ => false,
     }
-}
-
-/// Whether one of the pod's tolerations tolerates taint `t` (`v1.Toleration.ToleratesTaint`).
-pub(super) fn tolerated(pod: &Pod, t: &Taint) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.tolerations.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|tol| {
-            let effect = tol.effect.as_deref().unwrap_or("");
-            if !effect.is_empty() && effect != t.effect {
-                return false;
-            }
-            let key = tol.key.as_deref().unwrap_or("");
-            let operator = tol.operator.as_deref().unwrap_or("Equal");
-            if key.is_empty() {
-                return operator == "Exists";
-            }
-            key == t.key
-                && match operator {
-                    "Exists" => true,
-                    "Equal" | "" => tol.value.as_deref().unwrap_or("") == t.value,
-                    _ => false,
-                }
-        })
 }
 
 #[cfg(test)]
