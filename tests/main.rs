@@ -39,6 +39,7 @@ mod readme;
 mod regressions;
 mod reload;
 mod scale;
+mod scheduler_agrees;
 mod self_managed_certs;
 mod shutdown;
 mod soak;
