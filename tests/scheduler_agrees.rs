@@ -27,9 +27,9 @@ use serde_json::{json, Value};
 use tollgate_core::{review_bytes_with, synthetic_review, Objects, Policy, Stage};
 
 /// Pools generated (each with its nodes and pods).
-const SEEDS: u64 = 24;
+const SEEDS: u64 = 40;
 /// Pods judged per pool.
-const PODS: usize = 5;
+const PODS: usize = 6;
 
 const PRODUCTS: [&str; 3] = ["A100-SXM4-80GB", "H100-80GB-HBM3", "Tesla-T4-SHARED"];
 const ZONES: [&str; 2] = ["zone-a", "zone-b"];
@@ -73,15 +73,16 @@ fn gen_node(rng: &mut Rng, pool: &Pool, i: usize) -> Value {
 /// extended resources, as the apiserver requires).
 fn gen_resources(rng: &mut Rng) -> Value {
     let mut requests = json!({
-        "cpu": *rng.pick(&["500m", "2", "8", "32", "200"]),
-        "memory": *rng.pick(&["1Gi", "64Gi", "512Gi", "2000Gi"]),
+        // Mostly what some node offers, now and then more than any.
+        "cpu": *rng.pick(&["500m", "500m", "2", "2", "8", "32", "200"]),
+        "memory": *rng.pick(&["1Gi", "1Gi", "8Gi", "64Gi", "512Gi", "2000Gi"]),
     });
     let mut limits = json!({});
-    let gpu = match rng.below(6) {
-        0 | 1 => None,
-        2 => Some(("nvidia.com/gpu", *rng.pick(&["1", "2", "8", "9"]))),
-        3 => Some(("nvidia.com/gpu.shared", *rng.pick(&["1", "5"]))),
-        4 => Some(("nvidia.com/mig-1g.10gb", *rng.pick(&["1", "8"]))),
+    let gpu = match rng.below(7) {
+        0..=2 => None,
+        3 => Some(("nvidia.com/gpu", *rng.pick(&["1", "2", "8", "9"]))),
+        4 => Some(("nvidia.com/gpu.shared", *rng.pick(&["1", "5"]))),
+        5 => Some(("nvidia.com/mig-1g.10gb", *rng.pick(&["1", "8"]))),
         _ => Some(("example.com/fpga", "1")),
     };
     if let Some((r, n)) = gpu {
@@ -109,10 +110,18 @@ fn gen_pod(rng: &mut Rng, pool: &Pool, namespace: &str, name: &str) -> Value {
         spec["initContainers"] = json!([init]);
     }
     if rng.chance(15) {
+        // Pod-level requests, at least what the containers ask for together (the
+        // apiserver refuses less): the containers' cpu and memory made small.
         spec["resources"] = json!({"requests": {
             "cpu": *rng.pick(&["8", "64"]), "memory": *rng.pick(&["64Gi", "1500Gi"])}});
+        for list in ["containers", "initContainers"] {
+            for c in spec[list].as_array_mut().into_iter().flatten() {
+                c["resources"]["requests"]["cpu"] = json!("500m");
+                c["resources"]["requests"]["memory"] = json!("1Gi");
+            }
+        }
     }
-    if rng.chance(35) {
+    if rng.chance(25) {
         spec["nodeSelector"] = json!({"nvidia.com/gpu.product": *rng.pick(&PRODUCTS)});
     }
     if rng.chance(30) {
@@ -136,7 +145,7 @@ fn gen_pod(rng: &mut Rng, pool: &Pool, namespace: &str, name: &str) -> Value {
         }
     }
     let mut tolerations = vec![];
-    if rng.chance(60) {
+    if rng.chance(75) {
         tolerations.push(json!({"key": "nvidia.com/gpu", "operator": "Exists",
             "effect": "NoSchedule"}));
     }
@@ -191,7 +200,7 @@ async fn can_never_run_exactly_where_the_scheduler_leaves_a_pod_unschedulable() 
         async move {
             let mut rng = Rng::new(seed);
             let pool = Pool::new(&format!("sa{seed}"));
-            let nodes: Vec<Value> = (0..1 + rng.below(3))
+            let nodes: Vec<Value> = (0..1 + rng.below(4))
                 .map(|i| gen_node(&mut rng, &pool, i))
                 .collect();
             for n in &nodes {
