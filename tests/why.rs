@@ -524,7 +524,35 @@ async fn policy_and_audit_read_the_live_policy_objects() {
         stdout(&out)
     );
 
+    // The export reads them too: the profile that makes validation warn leaves its
+    // namespace out of the binding, by name; --local exports the files alone.
+    let out = run("admin", &["export", "validating-admission-policy"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!(
+            "composed with the TollgatePolicy and TollgateProfiles of the cluster at {}",
+            cp.url
+        )),
+        "{}",
+        stderr(&out)
+    );
+    assert!(text.contains(&ns), "{text}");
+    let out = run(
+        "admin",
+        &["export", "validating-admission-policy", "--local"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!stdout(&out).contains(&ns), "{}", stdout(&out));
+
     // The namespace's admin, without the viewer role: said, exit 3.
+    let out = run("erin", &["export", "mutating-admission-policy"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("could not read the cluster's TollgatePolicy: forbidden"),
+        "{}",
+        stderr(&out)
+    );
     let out = run("erin", &["policy", "-n", &ns]);
     assert_eq!(
         out.status.code(),

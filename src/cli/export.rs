@@ -52,11 +52,16 @@ pub struct ExportFlags {
     /// is left out of the bindings (left to the webhook) and named.
     #[command(flatten)]
     pub manifests: Manifests,
-    /// Read the cluster's TollgatePolicy and TollgateProfiles (through --kubeconfig and
-    /// --context, as kubectl finds the cluster), as with -f; objects given with -f replace
-    /// the cluster's of the same name.
-    #[arg(long)]
+    /// Read the cluster's TollgatePolicy and TollgateProfiles even where no kubeconfig is
+    /// found (in-cluster, say), failing without a cluster; by default they are read where a
+    /// kubeconfig is found, as `policy`, `review` and `audit` read them. Objects given with
+    /// -f replace the cluster's of the same name.
+    #[arg(long, conflicts_with = "local")]
     pub from_cluster: bool,
+    /// Export the files alone (the policy file, -f, -k), without the cluster's
+    /// TollgatePolicy and TollgateProfiles.
+    #[arg(long)]
+    pub local: bool,
     #[command(flatten)]
     pub cluster: ClusterFlags,
     /// tollgate's namespace, never selected (like kube-system), as with `tollgate register`.
@@ -87,7 +92,8 @@ pub const VALIDATING_FOLDER: &str = "validating-admission-policies";
 pub const MUTATING_FOLDER: &str = "mutating-admission-policies";
 
 /// Runs `tollgate export`; returns the exit status: 0 written, 1 refused by --strict,
-/// 2 unusable policy, option or cluster.
+/// 2 unusable policy, option or cluster, 3 the cluster's TollgatePolicy or TollgateProfiles
+/// may not be read ([`super::objects::UNREADABLE_POLICY`]).
 pub fn run(a: &ExportArgs) -> i32 {
     let (flags, mutating) = match &a.what {
         ExportCommand::ValidatingAdmissionPolicy(f) => (f, false),
@@ -95,21 +101,40 @@ pub fn run(a: &ExportArgs) -> i32 {
     };
     match export(flags, mutating) {
         Ok(status) => status,
-        Err(e) => {
+        Err(Unexported::Input(e)) => {
             eprintln!("tollgate: {e}");
             2
+        }
+        Err(Unexported::Unreadable(e)) => {
+            eprintln!("tollgate: {e}");
+            super::objects::UNREADABLE_POLICY
         }
     }
 }
 
-fn export(a: &ExportFlags, mutating: bool) -> Result<i32, String> {
+/// Why nothing was exported.
+enum Unexported {
+    /// A policy, an option or a cluster that cannot be used.
+    Input(String),
+    /// The cluster's policy objects may not be read: an export without them would cover
+    /// what they change.
+    Unreadable(String),
+}
+
+impl From<String> for Unexported {
+    fn from(e: String) -> Unexported {
+        Unexported::Input(e)
+    }
+}
+
+fn export(a: &ExportFlags, mutating: bool) -> Result<i32, Unexported> {
     let minor = kubernetes_minor(&a.kubernetes_version)?;
     if a.static_dir.is_some() && minor < 36 {
-        return Err(format!(
+        return Err(Unexported::Input(format!(
             "--static with --kubernetes-version {}: manifest-based admission takes v1 objects \
              only, from Kubernetes 1.36 (behind the ManifestBasedAdmissionControlConfig gate)",
             a.kubernetes_version
-        ));
+        )));
     }
     let (policy, source) = composed(a)?;
     let namespace_selector = crate::register::validating_namespace_selector(&a.namespace)
@@ -223,14 +248,18 @@ fn write_bundle(folder: &Path, out: &Export) -> Result<(), String> {
     Ok(())
 }
 
-/// The file (or the built-in policy), the cluster's objects (with --from-cluster) and the
-/// objects given, composed; and how the header names it. An object that does not load is
-/// not applied, as the server would not apply it, and said so.
-fn composed(a: &ExportFlags) -> Result<(Policy, String), String> {
+/// The file (or the built-in policy), the cluster's objects (where a kubeconfig is found,
+/// or with --from-cluster; not with --local) and the objects given, composed; and how the
+/// header names it. An object that does not load is not applied, as the server would not
+/// apply it, and said so.
+fn composed(a: &ExportFlags) -> Result<(Policy, String), Unexported> {
     let file = super::objects::file_layer(a.policy.as_deref())?;
     let given = super::policy::read_objects(&a.manifests, None)?;
-    let found = if a.from_cluster {
-        let mut found = cluster_objects(&a.cluster)?;
+    let found = if a.from_cluster || (!a.local && a.cluster.found()) {
+        let (mut found, url) = cluster_objects(&a.cluster, &given)?;
+        eprintln!(
+            "tollgate export: composed with the TollgatePolicy and TollgateProfiles of the cluster at {url} (--local: the files alone)"
+        );
         found.overlay(given);
         found
     } else {
@@ -258,15 +287,21 @@ fn composed(a: &ExportFlags) -> Result<(Policy, String), String> {
 }
 
 /// The cluster's TollgatePolicy and every namespace's TollgateProfile, as the audit reads
-/// them.
-fn cluster_objects(cluster: &ClusterFlags) -> Result<PolicyObjects, String> {
+/// them, and the cluster's URL. Either kind the user may not read ends the export (exit 3):
+/// without the TollgatePolicy it would export the built-in policy as the cluster's, and
+/// without a profile its bindings would cover a namespace whose profile changes what they
+/// carry.
+fn cluster_objects(
+    cluster: &ClusterFlags,
+    given: &PolicyObjects,
+) -> Result<(PolicyObjects, String), Unexported> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
     runtime.block_on(async {
         let config = cluster
-            .config("--from-cluster reads a cluster: set KUBECONFIG or pass --kubeconfig")
+            .config("pass --local to export the files alone")
             .await
             .map_err(|e| format!("{e:#}"))?;
         let url = config.cluster_url.to_string();
@@ -274,12 +309,18 @@ fn cluster_objects(cluster: &ClusterFlags) -> Result<PolicyObjects, String> {
             .map_err(|e| format!("creating a client for the API server at {url}: {e}"))?;
         let (found, unread) =
             super::objects::from_cluster(client, &url, &crate::audit::Namespaces::All).await?;
-        if let Some(u) = unread.first() {
-            return Err(format!(
-                "--from-cluster: the cluster's {}s could not be read: forbidden: {}",
-                u.kind, u.why
-            ));
+        if let Some(line) = super::objects::unreadable_policy(&unread, given, true) {
+            return Err(Unexported::Unreadable(line));
         }
-        Ok(found)
+        if let Some(u) = unread.iter().find(|u| u.kind != tollgate_core::POLICY_KIND) {
+            return Err(Unexported::Unreadable(format!(
+                "could not read the namespaces' TollgateProfiles: forbidden: {}; without them \
+                 the bindings would cover namespaces whose profiles change what they carry, \
+                 so nothing is exported. Ask for list on tollgateprofiles.tollgate.dev in \
+                 every namespace, or pass --local to export the files alone",
+                u.why
+            )));
+        }
+        Ok((found, url))
     })
 }

@@ -220,22 +220,7 @@ pub async fn bind(cp: &ControlPlane, namespace: &str, sa: &str, rules: &[Value])
 
 /// Binds a Role of `rules` in `namespace` to its ServiceAccount `sa`.
 pub async fn bind_in(cp: &ControlPlane, namespace: &str, sa: &str, rules: &[Value]) {
-    let admin = cp.client("admin").await;
-    let role = unique(sa);
-    create(
-        &admin,
-        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": role, "namespace": namespace}, "rules": rules}),
-    )
-    .await;
-    create(
-        &admin,
-        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": role, "namespace": namespace},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]}),
-    )
-    .await;
+    bind_elsewhere(cp, namespace, namespace, sa, rules).await;
 }
 
 /// Binds a Role of `rules` in `role_namespace` to the ServiceAccount `sa` of `namespace`.
