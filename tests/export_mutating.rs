@@ -531,3 +531,132 @@ fn the_static_bundle_is_one_folder_per_plugin_of_static_v1_objects() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("v1 objects only"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The manifest-based bundle (`export ... --static`) in force in a real apiserver started
+/// with `ManifestBasedAdmissionControlConfig` and docs/operations.md's
+/// AdmissionConfiguration (`envtest::static_admission_plane`, no webhook registered): in a
+/// namespace labelled for enforcement a pod without requests is refused in the validating
+/// webhook's words, a GPU training pod is stored mutated as the webhook would (the shipped
+/// policy: the GPU toleration, the driver by its fallback, the sidecar, the applied
+/// annotation), and the names the bundle took are the apiserver's own, refused to the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_static_bundle_is_in_force_in_a_gated_apiserver() {
+    let Some(cp) = common::envtest::static_admission_plane() else {
+        return;
+    };
+    let admin = cp.client("admin").await;
+    let ns = cp
+        .namespace("static", &[("tollgate.dev/enforce", "enabled")])
+        .await;
+    let bare = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "nb", "namespace": ns},
+        "spec": {"containers": [{"name": "nb", "image": "jupyter"}]}});
+    let a = admission::dry_run_pod(&admin, &ns, &bare, None).await;
+    let message = a.message.clone().unwrap_or_default();
+    assert!(a.object.is_none(), "admitted: {:?}", a.object);
+    assert!(
+        message.contains("validate.tollgate.static.k8s.io")
+            && message.contains("container \"nb\" has no request for cpu and memory"),
+        "{message}"
+    );
+    let gpu = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "t", "namespace": ns,
+            "labels": {"batch.kubernetes.io/job-name": "j"}},
+        "spec": {"containers": [{"name": "trainer", "image": "registry.example.com/trainer:1.0",
+            "resources": {"requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"},
+                "limits": {"nvidia.com/gpu": "1"}}}]}});
+    let a = admission::dry_run_pod(&admin, &ns, &gpu, None).await;
+    let stored = a
+        .object
+        .unwrap_or_else(|| panic!("refused: {:?}", a.message));
+    // What the webhook makes of it, with no node known (the driver by its fallback).
+    let mut case_pod = gpu.clone();
+    case_pod["metadata"]["namespace"] = json!(ns);
+    let expected = webhook(
+        &Policy::builtin(),
+        &Case {
+            what: "static".into(),
+            world: 0,
+            namespace: ns.clone(),
+            labels: json!({"tollgate.dev/enforce": "enabled"}),
+            pod: case_pod,
+            user: None,
+        },
+    );
+    // Stored alike: the webhook's pod as the apiserver stores it where no policy selects
+    // it (defaulted the same way).
+    let plain = cp.namespace("static-plain", &[]).await;
+    let mut elsewhere = expected.clone();
+    elsewhere["metadata"]["namespace"] = json!(plain);
+    let want = admission::dry_run_pod(&admin, &plain, &elsewhere, None)
+        .await
+        .object
+        .expect("the webhook's pod stored where no policy selects it");
+    assert_eq!(comparable(&stored), comparable(&want));
+    assert!(
+        stored["spec"]["tolerations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["key"] == "nvidia.com/gpu"),
+        "{stored}"
+    );
+    assert!(
+        stored["metadata"]["annotations"]["tollgate.dev/applied"]
+            .as_str()
+            .is_some_and(|a| a.contains("metrics-sidecar")),
+        "{stored}"
+    );
+    // The bundle's names are reserved: the API refuses an object that takes one.
+    let vap = json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "validate.tollgate.static.k8s.io"},
+        "spec": {"matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+            "operations": ["CREATE"], "resources": ["pods"]}]},
+            "validations": [{"expression": "true"}]}});
+    let refused = common::apiserver::create(&admin, &vap, true)
+        .await
+        .expect_err("a .static.k8s.io name taken through the API");
+    assert!(
+        refused
+            .message
+            .contains("reserved for static manifest-based configurations"),
+        "{}",
+        refused.message
+    );
+}
+
+/// `--kubernetes-version 1.35`: the v1beta1 MutatingAdmissionPolicies (and their bindings)
+/// of 1.34 and 1.35, taken by a real apiserver that serves that version
+/// (`admissionregistration.k8s.io/v1beta1` turned on in the static plane's 1.36: the API
+/// version 1.34 and 1.35 serve, not their binaries), their CEL compiled on create. Each goes in with `dryRun`: nothing is
+/// left in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_v1beta1_export_is_taken_by_an_apiserver_that_serves_it() {
+    let Some(cp) = common::envtest::static_admission_plane() else {
+        return;
+    };
+    let admin = cp.client("admin").await;
+    let options = ExportOptions {
+        kubernetes_minor: 35,
+        ..Default::default()
+    };
+    let export = mutating_admission_policy(&Policy::builtin(), &options);
+    assert!(!export.objects.is_empty());
+    for o in &export.objects {
+        let v: Value = serde_saphyr::from_str(&o.yaml).unwrap();
+        assert_eq!(
+            v["apiVersion"], "admissionregistration.k8s.io/v1beta1",
+            "{v}"
+        );
+        let stored = common::apiserver::create(&admin, &v, true)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{} {} refused: {}",
+                    v["kind"], v["metadata"]["name"], e.message
+                )
+            });
+        assert_eq!(stored["kind"], v["kind"]);
+    }
+}

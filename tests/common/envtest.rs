@@ -99,6 +99,10 @@ struct Shape {
     /// kube-scheduler, and kube-controller-manager running these `--controllers`; None:
     /// neither (pods stay Pending, a Job makes no pods).
     controllers: Option<&'static str>,
+    /// The shipped policy's `tollgate export ... --static` bundle loaded at start
+    /// (`ManifestBasedAdmissionControlConfig`, KEP-5793), as docs/operations.md's
+    /// AdmissionConfiguration names it.
+    static_admission: bool,
 }
 
 impl Shape {
@@ -108,6 +112,7 @@ impl Shape {
     const SERVED: Shape = Shape {
         runtime_config: "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true",
         controllers: None,
+        static_admission: false,
     };
 }
 
@@ -242,6 +247,12 @@ fn start(shape: &Shape) -> Result<ControlPlane, Unstarted> {
 
     let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
     let runtime_config = shape.runtime_config;
+    let admission = if shape.static_admission {
+        static_bundle(&dir)?;
+        "--feature-gates=ManifestBasedAdmissionControlConfig=true --admission-control-config-file admission-config.yaml"
+    } else {
+        ""
+    };
     let script = format!(
         r#"set -u
 cd "$1"
@@ -257,7 +268,7 @@ etcd=$!
   --service-account-key-file pki/sa.pub --service-account-signing-key-file pki/sa.key \
   --token-auth-file pki/tokens.csv --authorization-mode RBAC --endpoint-reconciler-type none \
   --disable-admission-plugins ServiceAccount --runtime-config {runtime_config} \
-  --allow-privileged=true \
+  --allow-privileged=true {admission} \
   >apiserver.log 2>&1 </dev/null &
 api=$!
 echo $api >apiserver.pid
@@ -300,6 +311,39 @@ cd / && rm -rf "$1"
         plane.start_scheduling(controllers)?;
     }
     Ok(plane)
+}
+
+/// The shipped policy's static admission bundle in `dir/admission` (both exports with
+/// `--static`), and `dir/admission-config.yaml` pointing each plugin at its folder.
+fn static_bundle(dir: &Path) -> Result<(), String> {
+    let bundle = dir.join("admission");
+    for what in ["validating-admission-policy", "mutating-admission-policy"] {
+        let out = super::bin::command()
+            .args(["export", what, "--local", "--static"])
+            .arg(&bundle)
+            .output()
+            .map_err(|e| format!("envtest: tollgate export: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "envtest: tollgate export {what} --static: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    let plugin = |name: &str, folder: &str| {
+        format!(
+            "  - name: {name}\n    configuration:\n      apiVersion: apiserver.config.k8s.io/v1\n      \
+             kind: {name}Configuration\n      staticManifestsDir: {}\n",
+            bundle.join(folder).display()
+        )
+    };
+    let config = format!(
+        "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n{}{}",
+        plugin("ValidatingAdmissionPolicy", "validating-admission-policies"),
+        plugin("MutatingAdmissionPolicy", "mutating-admission-policies"),
+    );
+    std::fs::write(dir.join("admission-config.yaml"), config)
+        .map_err(|e| format!("envtest: the AdmissionConfiguration: {e}"))
 }
 
 /// Runs `script` under `sh` with the data directory and the binaries' directory as `$1`
@@ -595,6 +639,7 @@ pub fn dra_v1beta1_plane() -> Option<&'static ControlPlane> {
             runtime_config: "resource.k8s.io/v1=false,resource.k8s.io/v1beta2=false,\
                              resource.k8s.io/v1beta1=true",
             controllers: None,
+            static_admission: false,
         },
     )
 }
@@ -613,6 +658,28 @@ pub fn bare_plane() -> Option<&'static ControlPlane> {
             runtime_config: "resource.k8s.io/v1=false,resource.k8s.io/v1beta2=false,\
                              resource.k8s.io/v1beta1=false",
             controllers: None,
+            static_admission: false,
+        },
+    )
+}
+
+static STATIC_ADMISSION: OnceLock<Result<ControlPlane, Unstarted>> = OnceLock::new();
+
+/// A control plane whose apiserver loads the shipped policy's exported admission policies
+/// from files at start (`tollgate export ... --static`, manifest-based admission,
+/// KEP-5793, alpha in 1.36): they judge every namespace labelled for enforcement there,
+/// so they have a plane of their own. No webhook is registered on it. It serves the
+/// admission policies' `v1beta1` too.
+pub fn static_admission_plane() -> Option<&'static ControlPlane> {
+    started(
+        &STATIC_ADMISSION,
+        &Shape {
+            // And the admission policies' v1beta1, which 1.34 and 1.35 serve
+            // (`export --kubernetes-version 1.35`).
+            runtime_config: "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,\
+                             admissionregistration.k8s.io/v1beta1=true",
+            static_admission: true,
+            ..Shape::SERVED
         },
     )
 }
