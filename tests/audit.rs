@@ -874,11 +874,7 @@ spec:
 async fn bind_user(c: &Real, user: &str, rules: Value) {
     // With the one ConfigMap of kube-system the shipped RBAC reads (whether the Cluster
     // Autoscaler runs), as deploy/base grants it beside the ClusterRoles.
-    let status = common::context::rules_of(
-        "deploy/base/rbac.yaml",
-        "Role",
-        "tollgate-cluster-autoscaler-status",
-    );
+    let status = common::context::shipped_autoscaler_status_rules();
     c.create(vec![
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": {"name": user}, "rules": rules}),

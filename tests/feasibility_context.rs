@@ -178,11 +178,7 @@ impl Isolated {
             r
         }));
         context::bind(self.cp, &self.ns, "audit", &rules).await;
-        let status = context::rules_of(
-            "deploy/base/rbac.yaml",
-            "Role",
-            "tollgate-cluster-autoscaler-status",
-        );
+        let status = context::shipped_autoscaler_status_rules();
         context::bind_elsewhere(self.cp, "kube-system", &self.ns, "audit", &status).await;
         let lease = context::rules_of(audit_rbac, "Role", "tollgate-audit-lease");
         context::bind_in(self.cp, &self.ns, "audit", &lease).await;

@@ -23,7 +23,8 @@ pub use tollgate_core::KUEUE_API_VERSIONS;
 pub type Queues = HashMap<(String, String), Arc<Value>>;
 
 /// A queue as the cache keeps it: its JSON without status (usage and conditions change all
-/// the time; the engine reads the spec).
+/// the time; the engine reads the spec). Karpenter's NodePools are kept so too (the watch
+/// and the audit's list): the engine reads their spec alone.
 pub fn queue(v: &Value) -> Result<Arc<Value>, String> {
     let mut v = v.clone();
     let o = v

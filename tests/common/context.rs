@@ -189,12 +189,24 @@ pub fn shipped_rules() -> Vec<Value> {
 /// it reads there (whether the Cluster Autoscaler runs).
 pub async fn bind_shipped(cp: &ControlPlane, namespace: &str, sa: &str) {
     bind(cp, namespace, sa, &shipped_rules()).await;
-    let status = rules_of(
+    bind_elsewhere(
+        cp,
+        "kube-system",
+        namespace,
+        sa,
+        &shipped_autoscaler_status_rules(),
+    )
+    .await;
+}
+
+/// The rules of the Role deploy/base/rbac.yaml grants in kube-system: the Cluster
+/// Autoscaler's status ConfigMap, that one alone.
+pub fn shipped_autoscaler_status_rules() -> Vec<Value> {
+    rules_of(
         "deploy/base/rbac.yaml",
         "Role",
         "tollgate-cluster-autoscaler-status",
-    );
-    bind_elsewhere(cp, "kube-system", namespace, sa, &status).await;
+    )
 }
 
 /// Binds a ClusterRole of `rules` (created under a name of its own) to the ServiceAccount
