@@ -1327,6 +1327,8 @@ pub(crate) fn audit_needs(home: bool) -> std::collections::BTreeSet<String> {
     );
     add(&["list"], "batch.volcano.sh", &["jobs"]);
     add(&["list"], "leaderworkerset.x-k8s.io", &["leaderworkersets"]);
+    // The start rule: the Warning events of pods bound and not started.
+    add(&["list"], "", &["events"]);
     // Its reports: written, replaced, removed when stale, listed to find the stale.
     add(
         &["get", "list", "create", "update", "delete"],

@@ -29,7 +29,10 @@ use std::time::{Duration, Instant};
 use kube::Client;
 
 use crate::cluster::ClusterContext;
-use tollgate_core::{audit_object, controlled, Audited, Objects, OptOutState, Policy};
+use tollgate_core::{
+    audit_object, controlled, start_findings, waits_on_its_node, Audited, Objects, OptOutState,
+    PodEvent, Policy,
+};
 
 pub use list::NamespaceInfo;
 
@@ -242,6 +245,9 @@ pub struct Auditor {
     /// What feasibility would read and the identity may not: the request, and the
     /// apiserver's message.
     unread: std::sync::Mutex<BTreeMap<String, String>>,
+    /// Why the pods' events could not be listed, where they could not: whether pods start
+    /// on their nodes was then judged from their statuses alone.
+    events_unread: std::sync::Mutex<Option<String>>,
 }
 
 impl Auditor {
@@ -256,6 +262,7 @@ impl Auditor {
             absent: Default::default(),
             wide: Default::default(),
             unread: Default::default(),
+            events_unread: Default::default(),
         }
     }
 
@@ -272,6 +279,79 @@ impl Auditor {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+        *self.events_unread.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Why the pods' events could not be listed (in some namespace of the run), if so.
+    pub fn events_unread(&self) -> Option<String> {
+        self.events_unread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The Warning events about the pods of `namespace`, by the pod's uid, oldest first:
+    /// what the `start` rule reads of a pod bound and not started (a volume the kubelet
+    /// cannot mount is said only there). Listed once per namespace, at its first such pod;
+    /// a list that fails leaves the statuses alone to judge by, and says so.
+    async fn pod_events(&self, namespace: &str) -> PodEvents {
+        let api = kube::Api::<k8s_openapi::api::core::v1::Event>::namespaced(
+            self.client.clone(),
+            namespace,
+        );
+        let mut params = kube::api::ListParams::default()
+            .fields("type=Warning,involvedObject.kind=Pod")
+            .limit(self.page_size);
+        let mut by_uid: BTreeMap<String, Vec<OwnedEvent>> = BTreeMap::new();
+        loop {
+            let list = match api.list(&params).await {
+                Ok(l) => l,
+                Err(e) => {
+                    let needs = Needs {
+                        verb: "list",
+                        resource: "events",
+                        namespace: Some(namespace),
+                    };
+                    let why = classify(&self.url, needs, e).to_string();
+                    *self.events_unread.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                    break;
+                }
+            };
+            for e in list.items {
+                let Some(uid) = e.involved_object.uid.clone() else {
+                    continue;
+                };
+                let seen = e
+                    .series
+                    .as_ref()
+                    .and_then(|s| s.last_observed_time.as_ref())
+                    .map(|t| t.0.to_string())
+                    .or_else(|| e.last_timestamp.as_ref().map(|t| t.0.to_string()))
+                    .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()))
+                    .unwrap_or_default();
+                let count = e
+                    .series
+                    .as_ref()
+                    .and_then(|s| s.count)
+                    .or(e.count)
+                    .and_then(|c| u64::try_from(c).ok())
+                    .unwrap_or(1);
+                by_uid.entry(uid).or_default().push(OwnedEvent {
+                    seen,
+                    reason: e.reason.unwrap_or_default(),
+                    message: e.message.unwrap_or_default(),
+                    count,
+                });
+            }
+            match list.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(c) => params = params.continue_token(&c),
+                None => break,
+            }
+        }
+        for events in by_uid.values_mut() {
+            events.sort_by(|a, b| a.seen.cmp(&b.seen));
+        }
+        PodEvents(by_uid)
     }
 
     /// What the audit reads once per run, read at the first namespace.
@@ -377,6 +457,7 @@ impl Auditor {
                 &local
             }
         };
+        let mut events: Option<PodEvents> = None;
         for kind in list::kinds(policy, &namespace.name) {
             let is_pod = kind.kind == "Pod" && kind.group.is_empty();
             if !is_pod && self.is_absent(&kind) {
@@ -412,7 +493,24 @@ impl Auditor {
                         continue;
                     }
                     let started = Instant::now();
-                    let audited = audit_object(policy, cluster, object);
+                    // A pod bound and not started: why not, in the kubelet's words (its
+                    // statuses, and the namespace's events, listed at the first such pod).
+                    let mut start = vec![];
+                    if is_pod && waits_on_its_node(&object) {
+                        if events.is_none() {
+                            events = Some(self.pod_events(&namespace.name).await);
+                        }
+                        let uid = object
+                            .pointer("/metadata/uid")
+                            .and_then(serde_json::Value::as_str)
+                            .unwrap_or_default();
+                        let theirs = events.as_ref().map(|e| e.of(uid)).unwrap_or_default();
+                        start = start_findings(policy, &object, &theirs);
+                    } else if is_pod {
+                        start = start_findings(policy, &object, &[]);
+                    }
+                    let mut audited = audit_object(policy, cluster, object);
+                    audited.findings.extend(start);
                     let busy = started.elapsed();
                     totals.add(&audited);
                     found(&audited)?;
@@ -421,6 +519,33 @@ impl Auditor {
             }
         }
         Ok(totals)
+    }
+}
+
+/// A Warning event about a pod, as listed.
+struct OwnedEvent {
+    /// When last seen, RFC 3339 (orders as the times do).
+    seen: String,
+    reason: String,
+    message: String,
+    count: u64,
+}
+
+/// A namespace's pods' Warning events, by the pod's uid.
+struct PodEvents(BTreeMap<String, Vec<OwnedEvent>>);
+
+impl PodEvents {
+    fn of(&self, uid: &str) -> Vec<PodEvent<'_>> {
+        self.0
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .map(|e| PodEvent {
+                reason: &e.reason,
+                message: &e.message,
+                count: e.count,
+            })
+            .collect()
     }
 }
 

@@ -154,6 +154,12 @@ async fn audit(a: &AuditArgs) -> Result<(Totals, bool), Ended> {
     for (kind, why) in auditor.forbidden_kinds() {
         eprintln!("tollgate: {kind} not audited (their pods were): {why}");
     }
+    if let Some(why) = auditor.events_unread() {
+        eprintln!(
+            "tollgate: whether pods start on their nodes was judged from their statuses alone \
+             (a volume the node cannot mount is said only in events): {why}"
+        );
+    }
     for (what, why) in auditor.unread() {
         eprintln!("tollgate: whether pods can run was judged without what needs {what}: {why}");
     }

@@ -30,7 +30,8 @@ use super::kubectl::ClusterFlags;
 use super::objects::{self, PolicyObjects};
 use crate::audit::{Auditor, Namespaces};
 use tollgate_core::{
-    explain_policy, Audited, FindingStatus, Policy, Rule, Step, KUEUE_API_VERSIONS, POLICY_KIND,
+    explain_policy, start_failures, Audited, FindingStatus, PodEvent, Policy, Rule, Step,
+    KUEUE_API_VERSIONS, POLICY_KIND,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -305,6 +306,25 @@ async fn why(a: &WhyArgs) -> Result<Value, Unanswered> {
             Err(e) => unread.note(&format!("the Jobs of namespace {namespace}"), e)?,
         }
     }
+    // A Deployment's pods are its ReplicaSets': they own the pods in between.
+    if resource.kind == "Deployment" && resource.group == "apps" {
+        let rs_api = Api::<DynamicObject>::namespaced_with(
+            client.clone(),
+            &namespace,
+            &ApiResource::erase::<k8s_openapi::api::apps::v1::ReplicaSet>(&()),
+        );
+        match rs_api.list(&ListParams::default()).await {
+            Ok(list) => {
+                for r in list.items {
+                    let r = serde_json::to_value(r).unwrap_or_default();
+                    if owned_by(&r, &owners) {
+                        owners.insert(str_at(&r, "/metadata/uid"));
+                    }
+                }
+            }
+            Err(e) => unread.note(&format!("the ReplicaSets of namespace {namespace}"), e)?,
+        }
+    }
     let mut pods = vec![];
     if is_pod {
         pods.push(object.clone());
@@ -353,6 +373,7 @@ async fn why(a: &WhyArgs) -> Result<Value, Unanswered> {
     let events_api =
         Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), &namespace);
     let mut events = vec![];
+    let mut raw_events: Vec<Value> = vec![];
     match events_api.list(&ListParams::default()).await {
         Ok(list) => {
             let mut all: Vec<Value> = list
@@ -367,6 +388,7 @@ async fn why(a: &WhyArgs) -> Result<Value, Unanswered> {
                 .collect();
             all.sort_by_key(last_seen);
             events = all.iter().map(event_json).collect();
+            raw_events = all;
         }
         Err(e) => unread.note(&format!("the events of namespace {namespace}"), e)?,
     }
@@ -393,7 +415,14 @@ async fn why(a: &WhyArgs) -> Result<Value, Unanswered> {
         Err(e) => unread.note("the API discovery (is Kueue installed?)", e)?,
     }
 
-    let pods_json: Vec<Value> = pods.iter().map(pod_json).collect();
+    let pods_json: Vec<Value> = pods
+        .iter()
+        .map(|p| {
+            let mut j = pod_json(p);
+            j["startFailures"] = start_failures_json(&policy, p, &raw_events);
+            j
+        })
+        .collect();
     Ok(json!({
         "object": {
             "apiVersion": resource.api_version,
@@ -403,13 +432,13 @@ async fn why(a: &WhyArgs) -> Result<Value, Unanswered> {
             "uid": uid,
         },
         "noun": noun,
-        "state": state(&object, is_pod),
+        "state": state(&object, is_pod, pods.len()),
         "tollgate": {
             "policy": composed_name(&policy, &namespace),
             "changed": changed,
             "verdict": verdict,
         },
-        "jobs": jobs.iter().map(|j| json!({"name": str_at(j, "/metadata/name"), "state": state(j, false)})).collect::<Vec<_>>(),
+        "jobs": jobs.iter().map(|j| json!({"name": str_at(j, "/metadata/name"), "state": state(j, false, 0)})).collect::<Vec<_>>(),
         "pods": pods_json,
         "events": events,
         "kueue": workloads,
@@ -511,6 +540,45 @@ fn pod_json(p: &Value) -> Value {
     })
 }
 
+/// Why a pod does not start on its node, in the kubelet's words, and what of it is
+/// tollgate's (the engine's `start_failures`), from its statuses and its Warning events.
+fn start_failures_json(policy: &Policy, pod: &Value, events: &[Value]) -> Value {
+    let uid = str_at(pod, "/metadata/uid");
+    let theirs: Vec<(String, String, u64)> = events
+        .iter()
+        .filter(|e| str_at(e, "/involvedObject/uid") == uid && str_at(e, "/type") == "Warning")
+        .map(|e| {
+            let count = e
+                .pointer("/series/count")
+                .or_else(|| e.pointer("/count"))
+                .and_then(Value::as_u64)
+                .unwrap_or(1);
+            (str_at(e, "/reason"), str_at(e, "/message"), count)
+        })
+        .collect();
+    let events: Vec<PodEvent<'_>> = theirs
+        .iter()
+        .map(|(reason, message, count)| PodEvent {
+            reason,
+            message,
+            count: *count,
+        })
+        .collect();
+    start_failures(policy, pod, &events)
+        .iter()
+        .map(|f| {
+            json!({
+                "reason": f.reason,
+                "message": f.message,
+                "container": f.container,
+                "volume": f.volume,
+                "tollgates": f.ours,
+                "waysOut": f.ways_out,
+            })
+        })
+        .collect()
+}
+
 fn workload_json(w: &Value) -> Value {
     let conditions: Vec<Value> = w
         .pointer("/status/conditions")
@@ -534,8 +602,8 @@ fn workload_json(w: &Value) -> Value {
 }
 
 /// A line on the object's state: a pod's phase (and its node, bound but not started), a
-/// Job's counts and conditions.
-fn state(v: &Value, is_pod: bool) -> String {
+/// Job's counts and conditions, a set's replicas; `pods` of its pods were found.
+fn state(v: &Value, is_pod: bool, pods: usize) -> String {
     if is_pod {
         let phase = str_at(v, "/status/phase");
         let node = str_at(v, "/spec/nodeName");
@@ -552,6 +620,20 @@ fn state(v: &Value, is_pod: bool) -> String {
             parts.push(format!("{n} {k}"));
         }
     }
+    // A StatefulSet's, Deployment's, ReplicaSet's or DaemonSet's counts.
+    for (k, word) in [
+        ("replicas", "replicas"),
+        ("desiredNumberScheduled", "desired"),
+        ("readyReplicas", "ready"),
+        ("numberReady", "ready"),
+        ("availableReplicas", "available"),
+    ] {
+        if let Some(n) = s[k].as_u64() {
+            if n > 0 || k == "readyReplicas" || k == "numberReady" {
+                parts.push(format!("{n} {word}"));
+            }
+        }
+    }
     if v.pointer("/spec/suspend") == Some(&Value::Bool(true)) {
         parts.push("suspended".into());
     }
@@ -563,8 +645,10 @@ fn state(v: &Value, is_pod: bool) -> String {
             .filter(|c| c["status"] == "True" && c["type"] != "Suspended")
             .filter_map(|c| c["type"].as_str().map(str::to_owned)),
     );
-    if parts.is_empty() {
+    if parts.is_empty() && pods == 0 {
         "no pods yet".into()
+    } else if parts.is_empty() {
+        format!("{pods} pod{}", if pods == 1 { "" } else { "s" })
     } else {
         parts.join(", ")
     }
@@ -853,10 +937,44 @@ fn text(v: &Value) -> String {
             }
         };
         out.push_str(&format!("\npod {name} ({}): {line}\n", str_at(p, "/phase")));
-        for e in events
-            .iter()
-            .filter(|e| str_at(e, "/object") == format!("pod/{name}") && e["type"] == "Warning")
-        {
+        let failures = p["startFailures"].as_array().cloned().unwrap_or_default();
+        if !failures.is_empty() {
+            out.push_str(&format!(
+                "  does not start on node {node} (the kubelet's words):\n"
+            ));
+        }
+        for f in &failures {
+            let about = match (f["container"].as_str(), f["volume"].as_str()) {
+                (Some(c), _) => format!("container {c}: "),
+                (None, Some(v)) => format!("volume {v}: "),
+                _ => String::new(),
+            };
+            out.push_str(&format!(
+                "    {about}{}: {}\n",
+                str_at(f, "/reason"),
+                str_at(f, "/message")
+            ));
+            if let Some(o) = f["tollgates"].as_str() {
+                out.push_str(&format!("      this is {o}\n"));
+            }
+            let ways: Vec<&str> = f["waysOut"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            if !ways.is_empty() {
+                out.push_str("      ways out:\n");
+                for w in ways {
+                    out.push_str(&format!("        - {w}\n"));
+                }
+            }
+        }
+        for e in events.iter().filter(|e| {
+            str_at(e, "/object") == format!("pod/{name}")
+                && e["type"] == "Warning"
+                && !failures.iter().any(|f| f["reason"] == e["reason"])
+        }) {
             out.push_str(&format!(
                 "  {} ({}x, {}): {}\n",
                 str_at(e, "/reason"),

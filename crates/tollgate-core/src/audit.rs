@@ -132,13 +132,16 @@ pub enum Rule {
     Step(Step),
     /// The object asks to opt out.
     OptOut,
+    /// A pod stored and bound that its node does not start (a volume it cannot mount, an
+    /// image it cannot get, a container it will not create), in the kubelet's words.
+    Start,
 }
 
 impl Rule {
     /// Every rule, in the order findings of one object are listed: the mutation steps in
     /// their own order ([`Step::ALL`]), so that a new step is a rule without a line here.
-    pub const ALL: [Rule; 4 + Step::ALL.len()] = {
-        let mut all = [Rule::Review; 4 + Step::ALL.len()];
+    pub const ALL: [Rule; 5 + Step::ALL.len()] = {
+        let mut all = [Rule::Review; 5 + Step::ALL.len()];
         all[1] = Rule::Requests;
         all[2] = Rule::Feasibility;
         let mut i = 0;
@@ -147,6 +150,7 @@ impl Rule {
             i += 1;
         }
         all[3 + Step::ALL.len()] = Rule::OptOut;
+        all[4 + Step::ALL.len()] = Rule::Start;
         all
     };
 
@@ -157,17 +161,19 @@ impl Rule {
             Rule::Feasibility => "feasibility",
             Rule::Step(s) => s.as_str(),
             Rule::OptOut => "opt-out",
+            Rule::Start => "start",
         }
     }
 
-    /// `refused`, `feasibility`, `mutation` or `opt-out`: which question of the audit it
-    /// answers.
+    /// `refused`, `feasibility`, `mutation`, `opt-out` or `node`: which question of the
+    /// audit it answers.
     pub fn category(self) -> &'static str {
         match self {
             Rule::Review | Rule::Requests => "refused",
             Rule::Feasibility => "feasibility",
             Rule::Step(_) => "mutation",
             Rule::OptOut => "opt-out",
+            Rule::Start => "node",
         }
     }
 }
@@ -177,7 +183,8 @@ impl Rule {
 pub enum FindingStatus {
     /// Would be refused (under `enforce`, whatever the policy's mode is now).
     Fail,
-    /// Lacks what mutation would add, or an opt-out that is not (or not surely) honoured.
+    /// Lacks what mutation would add, an opt-out that is not (or not surely) honoured, a
+    /// pod that cannot run now, or one its node does not start.
     Warn,
     /// Opted out, honoured: neither mutated nor checked.
     Skip,
@@ -300,6 +307,30 @@ fn namespace_of(object: &Value) -> &str {
         .pointer("/metadata/namespace")
         .and_then(Value::as_str)
         .unwrap_or("default")
+}
+
+/// The `start` findings of a pod read from the cluster (with its status) and its Warning
+/// `events`: each reason its node does not start it ([`crate::startup::failures`]), a
+/// `warn` (the pod is stored; it waits), appended after the findings of [`judge()`].
+pub fn start_findings(
+    policy: &Policy,
+    pod: &Value,
+    events: &[crate::startup::PodEvent<'_>],
+) -> Vec<Finding> {
+    let node = pod
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    crate::startup::failures(policy, pod, events)
+        .into_iter()
+        .map(|f| Finding {
+            rule: Rule::Start,
+            status: FindingStatus::Warn,
+            message: format!("does not start on node {node}: {}", f.sentence()),
+            missing: vec![],
+            adds: vec![],
+        })
+        .collect()
 }
 
 /// Judges an object read from the cluster: as created, by the one judgement the webhooks

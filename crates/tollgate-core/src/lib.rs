@@ -37,6 +37,7 @@ mod quantity;
 mod requester;
 mod review;
 mod stage;
+mod startup;
 mod template_path;
 mod trainjob;
 mod validate;
@@ -93,8 +94,13 @@ pub use podsecurity::{
 
 // The audit: an object already in the cluster judged as its CREATE would be.
 pub use audit::{
-    controlled, judge as audit_object, Audited, Finding, FindingStatus, OptOutState, Rule,
+    controlled, judge as audit_object, start_findings, Audited, Finding, FindingStatus,
+    OptOutState, Rule,
 };
+
+// Why a stored pod does not start on its node, in the kubelet's words, and what of it is
+// tollgate's (`tollgate why`, the audit's `start` rule).
+pub use startup::{failures as start_failures, waits_on_its_node, PodEvent, StartFailure};
 
 // The export: the validation half as a ValidatingAdmissionPolicy.
 pub use export::{
