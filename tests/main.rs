@@ -32,6 +32,7 @@ mod logs;
 mod metrics;
 mod monitoring;
 mod mutation_props;
+mod node;
 mod pod_security;
 mod policy_crds;
 mod policy_objects;

@@ -103,6 +103,9 @@ struct Shape {
     /// (`ManifestBasedAdmissionControlConfig`, KEP-5793), as docs/operations.md's
     /// AdmissionConfiguration names it.
     static_admission: bool,
+    /// A real kubelet registers here ([`super::node`]): the apiserver reaches it by its
+    /// name (`localhost`), not its InternalIP, for `kubectl logs` and `exec` on loopback.
+    kubelet: bool,
 }
 
 impl Shape {
@@ -113,6 +116,7 @@ impl Shape {
         runtime_config: "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true",
         controllers: None,
         static_admission: false,
+        kubelet: false,
     };
 }
 
@@ -178,7 +182,7 @@ fn assets_with(binaries: &[&str]) -> Result<PathBuf, Unstarted> {
     )))
 }
 
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -253,6 +257,11 @@ fn start(shape: &Shape) -> Result<ControlPlane, Unstarted> {
     } else {
         ""
     };
+    let kubelet = if shape.kubelet {
+        "--kubelet-preferred-address-types Hostname"
+    } else {
+        ""
+    };
     let script = format!(
         r#"set -u
 cd "$1"
@@ -268,7 +277,7 @@ etcd=$!
   --service-account-key-file pki/sa.pub --service-account-signing-key-file pki/sa.key \
   --token-auth-file pki/tokens.csv --authorization-mode RBAC --endpoint-reconciler-type none \
   --disable-admission-plugins ServiceAccount --runtime-config {runtime_config} \
-  --allow-privileged=true {admission} \
+  --allow-privileged=true {admission} {kubelet} \
   >apiserver.log 2>&1 </dev/null &
 api=$!
 echo $api >apiserver.pid
@@ -348,7 +357,7 @@ fn static_bundle(dir: &Path) -> Result<(), String> {
 
 /// Runs `script` under `sh` with the data directory and the binaries' directory as `$1`
 /// and `$2`, its standard input a pipe this process holds open until it ends.
-fn run(script: &str, dir: &Path, assets: &Path) -> Result<Child, String> {
+pub(super) fn run(script: &str, dir: &Path, assets: &Path) -> Result<Child, String> {
     let mut runner = Command::new("sh")
         .arg("-c")
         .arg(script)
@@ -369,6 +378,17 @@ fn run(script: &str, dir: &Path, assets: &Path) -> Result<Child, String> {
 }
 
 impl ControlPlane {
+    /// The plane's data directory (removed when the plane stops).
+    pub(super) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Keeps `runner` (from [`run`]) with the plane's own, so that its standard input stays
+    /// open until this process ends.
+    pub(super) fn hold(&self, runner: Child) {
+        self._runners.lock().unwrap().push(runner);
+    }
+
     /// The last lines of one of the plane's logs (`apiserver.log`, `etcd.log`,
     /// `scheduler.log`, `controller-manager.log`), for a failure's message.
     pub fn log_tail(&self, name: &str) -> String {
@@ -640,6 +660,7 @@ pub fn dra_v1beta1_plane() -> Option<&'static ControlPlane> {
                              resource.k8s.io/v1beta1=true",
             controllers: None,
             static_admission: false,
+            kubelet: false,
         },
     )
 }
@@ -659,6 +680,7 @@ pub fn bare_plane() -> Option<&'static ControlPlane> {
                              resource.k8s.io/v1beta1=false",
             controllers: None,
             static_admission: false,
+            kubelet: false,
         },
     )
 }
@@ -712,6 +734,28 @@ pub fn scheduling_plane() -> Option<&'static ControlPlane> {
                 "job-controller,cronjob-controller,replicaset-controller,\
                  deployment-controller,statefulset-controller",
             ),
+            ..Shape::SERVED
+        },
+    )
+}
+
+static NODE_PLANE: OnceLock<Result<ControlPlane, Unstarted>> = OnceLock::new();
+
+/// The control plane of the tests' real node ([`super::node::node`]): the scheduler and the
+/// workload controllers as on [`scheduling_plane`], and the node lifecycle controller, which
+/// takes the `node.kubernetes.io/not-ready` taint off the kubelet's Node once it is Ready
+/// (with a kubelet posting its status it taints nothing wrongly); its apiserver reaches the
+/// kubelet by the Node's name, `localhost`. Every pod bound there runs, so only the node's
+/// tests use this plane.
+pub(super) fn node_control_plane() -> Option<&'static ControlPlane> {
+    started(
+        &NODE_PLANE,
+        &Shape {
+            controllers: Some(
+                "job-controller,cronjob-controller,replicaset-controller,\
+                 deployment-controller,statefulset-controller,node-lifecycle-controller",
+            ),
+            kubelet: true,
             ..Shape::SERVED
         },
     )

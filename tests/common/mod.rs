@@ -14,6 +14,7 @@ pub mod context;
 pub mod envtest;
 pub mod golden;
 pub mod identity;
+pub mod node;
 pub mod policy;
 pub mod rng;
 pub mod scheduling;
