@@ -365,6 +365,41 @@ fn assert_limited(
     );
 }
 
+/// A container's cgroup as its stored limits make it: limited as [`assert_limited`] where
+/// the pod (after tollgate's mutation) gives it limits, unlimited where it gives none.
+fn assert_as_stored(
+    pod: &Value,
+    container: &str,
+    printed: &std::collections::BTreeMap<String, String>,
+) {
+    let c = pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .chain(pod["spec"]["initContainers"].as_array())
+        .flatten()
+        .find(|c| c["name"] == container)
+        .unwrap_or_else(|| panic!("no container {container}: {pod}"));
+    let limits = &c["resources"]["limits"];
+    if limits["memory"].is_string() && limits["cpu"].is_string() {
+        return assert_limited(pod, container, printed);
+    }
+    assert!(
+        limits["memory"].is_null() && limits["cpu"].is_null(),
+        "{container}: limits on one of cpu and memory only: {limits}"
+    );
+    let memory = printed
+        .get("memory")
+        .map(String::as_str)
+        .unwrap_or_default();
+    let cpu = printed.get("cpu").map(String::as_str).unwrap_or_default();
+    // cgroup v1's unlimited memory is the largest page-aligned value; v2 says `max`.
+    let unlimited_memory = memory == "max" || memory.parse::<u64>().is_ok_and(|m| m > 1 << 60);
+    assert!(
+        unlimited_memory && (cpu.starts_with("-1/") || cpu.starts_with("max/")),
+        "{container}: no limits stored, none in its cgroup: {printed:?}"
+    );
+}
+
 /// The log of one container of a pod.
 fn logs(node: &Node, ns: &str, pod: &str, container: &str) -> String {
     kubectl(node, &["logs", "-n", ns, pod, "-c", container]).unwrap_or_else(|e| panic!("{e}"))
@@ -695,7 +730,7 @@ async fn a_compliant_gpu_job_completes_at_baseline_and_restricted() {
 /// the pod's status, which tollgate reads too) and what tollgate adds to it, `ours`.
 async fn until_said(node: &Node, ns: &str, object: &str, reason: &str, ours: &str) -> String {
     let mut last = String::new();
-    let said = until(
+    until(
         node,
         ns,
         &format!("tollgate why {object} to say {reason}"),
@@ -706,7 +741,6 @@ async fn until_said(node: &Node, ns: &str, object: &str, reason: &str, ours: &st
     )
     .await;
     // Said by the event: the status follows within the kubelet's next sync.
-    let _ = said;
     let start = Instant::now();
     while !last.contains(ours) && start.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -844,4 +878,284 @@ async fn a_sidecar_the_node_cannot_start_is_said_in_the_kubelets_words() {
         audited(node, &ns, "trainer", reason).await;
         tg.deregister(cp).await;
     }
+}
+
+/// How many generated pods [`generated_pods_run_or_why_says_the_kubelets_reason`] makes.
+const GENERATED: u64 = 54;
+
+/// The Pod Security levels of the property's namespaces.
+const LEVELS: [Option<&str>; 3] = [None, Some("baseline"), Some("restricted")];
+
+/// One generated pod: its object, the level of the namespace it goes to, the containers
+/// that use GPUs, and the kubelet's reason it cannot start where it was made so.
+struct Generated {
+    pod: Value,
+    level: usize,
+    gpu_containers: Vec<String>,
+    cpu_containers: Vec<String>,
+    cannot: Option<(&'static str, String)>,
+}
+
+/// Requests small enough that a batch of generated pods fits the node's two CPUs at once
+/// (tollgate's sidecar asks 50m of its own).
+fn tiny(gpus: u32) -> Value {
+    let mut r = small(gpus);
+    r["requests"]["cpu"] = json!("20m");
+    r["requests"]["memory"] = json!("32Mi");
+    r
+}
+
+/// A container's log through the apiserver and the kubelet, as `kubectl logs` reads it.
+async fn api_logs(api: &Api<Pod>, pod: &str, container: &str) -> String {
+    let params = kube::api::LogParams {
+        container: Some(container.to_owned()),
+        ..Default::default()
+    };
+    api.logs(pod, &params)
+        .await
+        .unwrap_or_else(|e| panic!("the log of {pod}/{container}: {e}"))
+}
+
+/// A pod over the shapes tollgate mutates: GPUs in some containers, one to three of them,
+/// init containers (one a native sidecar of the user's own), securityContexts of the
+/// user's (as the level allows), volumes of its own, and now and then an image the node
+/// does not have (pulled never), whose reason `why` must give.
+fn generated(seed: u64) -> Generated {
+    let mut rng = common::rng::Rng::new(seed);
+    let level = rng.below(LEVELS.len());
+    let restricted = LEVELS[level] == Some("restricted");
+    let mut gpu_containers = vec![];
+    let mut cpu_containers = vec![];
+    let secured = |rng: &mut common::rng::Rng| -> Option<Value> {
+        if restricted {
+            // What restricted requires of every container (busybox runs as root: name a uid).
+            Some(
+                json!({"runAsNonRoot": true, "runAsUser": 1000 + rng.below(1000),
+                "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"}}),
+            )
+        } else {
+            match rng.below(4) {
+                0 => Some(json!({"runAsUser": 1000 + rng.below(1000)})),
+                1 => Some(json!({"readOnlyRootFilesystem": true})),
+                2 => Some(json!({"allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]}})),
+                _ => None,
+            }
+        }
+    };
+    let n = 1 + rng.below(3);
+    let mut containers = vec![];
+    for i in 0..n {
+        let gpus = if rng.chance(50) {
+            1 + rng.below(2) as u32
+        } else {
+            0
+        };
+        let name = format!("c{i}");
+        let mut c = container(&name, tiny(gpus), "echo done");
+        if let Some(s) = secured(&mut rng) {
+            c["securityContext"] = s;
+        }
+        if rng.chance(30) {
+            c["volumeMounts"] = json!([{"name": "scratch", "mountPath": "/scratch"}]);
+        }
+        if gpus > 0 {
+            gpu_containers.push(name);
+        } else {
+            cpu_containers.push(name);
+        }
+        containers.push(c);
+    }
+    let mut init = vec![];
+    if rng.chance(40) {
+        let mut c = json!({"name": "fetch", "image": BUSYBOX, "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c", "echo fetched"], "resources": tiny(0)});
+        if let Some(s) = secured(&mut rng) {
+            c["securityContext"] = s;
+        }
+        init.push(c);
+    }
+    if rng.chance(30) {
+        // The user's own native sidecar, beside tollgate's.
+        let mut c = json!({"name": "logs", "image": BUSYBOX, "imagePullPolicy": "Never",
+            "restartPolicy": "Always", "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"],
+            "resources": tiny(0)});
+        if let Some(s) = secured(&mut rng) {
+            c["securityContext"] = s;
+        }
+        init.push(c);
+    }
+    let mut cannot = None;
+    if rng.chance(10) {
+        let i = rng.below(containers.len());
+        containers[i]["image"] = json!("tollgate.test/absent:1");
+        let name = containers[i]["name"].as_str().unwrap().to_owned();
+        cannot = Some(("ErrImageNeverPull", name));
+    }
+    let mut spec = json!({"restartPolicy": "Never", "containers": containers,
+        "volumes": [{"name": "scratch", "emptyDir": {}}],
+        "terminationGracePeriodSeconds": 2});
+    if !init.is_empty() {
+        spec["initContainers"] = json!(init);
+    }
+    if rng.chance(40) {
+        spec["securityContext"] = json!({"fsGroup": 2000});
+    }
+    if restricted {
+        spec["securityContext"]["seccompProfile"] = json!({"type": "RuntimeDefault"});
+    }
+    if gpu_containers.is_empty() {
+        spec = on_the_only_node(spec);
+    }
+    Generated {
+        pod: json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("gen-{seed}"), "labels": {"gen": "true"}},
+            "spec": spec}),
+        level,
+        gpu_containers,
+        cpu_containers,
+        cannot,
+    }
+}
+
+/// The property: pods generated over the shapes tollgate mutates, at each Pod Security
+/// level, made through the apiserver and the webhooks: each Succeeds on the node (the
+/// driver mounted read-only in its GPU containers only, its cgroups as tollgate limited
+/// them), or, made so that it cannot start, `tollgate why` gives the kubelet's reason and
+/// names the container. Seeded: `TOLLGATE_NODE_SEED` moves the seeds; a failure names its.
+#[tokio::test]
+async fn generated_pods_run_or_why_says_the_kubelets_reason() {
+    let Some(node) = common::node::node() else {
+        return;
+    };
+    let cp = node.cp;
+    let base: u64 = std::env::var("TOLLGATE_NODE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let tg = tollgate(node, Some(driver_policy(node)), "node-gen").await;
+    let mut namespaces = vec![];
+    for level in LEVELS {
+        let labels: Vec<(&str, &str)> = level
+            .map(|l| vec![("pod-security.kubernetes.io/enforce", l)])
+            .unwrap_or_default();
+        namespaces.push(tg.namespace(cp, &labels).await);
+    }
+    let admin = cp.client("admin").await;
+    let started = Instant::now();
+    let mut made = vec![];
+    for seed in base..base + GENERATED {
+        let g = generated(seed);
+        let ns = namespaces[g.level].clone();
+        let mut pod = g.pod.clone();
+        pod["metadata"]["namespace"] = json!(ns);
+        common::apiserver::create(&admin, &pod, false)
+            .await
+            .unwrap_or_else(|e| panic!("seed {seed}: created in {ns}: {}\n{pod}", e.message));
+        made.push((seed, ns, g));
+    }
+    // Judged as each is done, in whatever order the node gets to them (a pod that cannot
+    // start holds its GPUs until it is judged and deleted, which lets the others in).
+    let (mut ran, mut said) = (0, 0);
+    let mut waiting: Vec<(u64, String, Generated)> = made;
+    while !waiting.is_empty() {
+        if started.elapsed() > BOUND * 3 {
+            let left: Vec<String> = waiting
+                .iter()
+                .map(|(s, ns, _)| format!("{ns}/gen-{s}"))
+                .collect();
+            panic!(
+                "generated pods not done: {left:?}\n{}",
+                story(node, &waiting[0].1).await
+            );
+        }
+        let mut still = vec![];
+        for (seed, ns, g) in waiting {
+            let name = format!("gen-{seed}");
+            let what = format!("seed {seed} (pod {ns}/{name})");
+            let api = Api::<Pod>::namespaced(admin.clone(), &ns);
+            let Ok(p) = api.get(&name).await else {
+                still.push((seed, ns, g));
+                continue;
+            };
+            let pod = pod_json(&p);
+            let phase = pod["status"]["phase"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if let Some((reason, container)) = &g.cannot {
+                let waits = |key: &str| {
+                    pod["status"][key]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|s| {
+                            s["name"] == container.as_str()
+                                && s["state"]["waiting"]["reason"] == *reason
+                        })
+                };
+                if !waits("containerStatuses") {
+                    still.push((seed, ns, g));
+                    continue;
+                }
+                let out = why(node, &ns, &format!("pod/{name}"), &[]);
+                assert!(
+                    out.contains(&format!("container {container}: {reason}")),
+                    "{what}: why names the container and the kubelet's reason:\n{out}"
+                );
+                said += 1;
+            } else {
+                if phase == "Failed" {
+                    panic!(
+                        "{what} failed:\n{}\n{}",
+                        why(node, &ns, &format!("pod/{name}"), &[]),
+                        story(node, &ns).await
+                    );
+                }
+                if phase != "Succeeded" {
+                    still.push((seed, ns, g));
+                    continue;
+                }
+                let hostpath = LEVELS[g.level].is_none();
+                for c in &g.gpu_containers {
+                    let out = printed(&api_logs(&api, &name, c).await);
+                    let want = if hostpath { "ro" } else { "" };
+                    assert_eq!(
+                        out.get("mount").map(String::as_str),
+                        Some(want),
+                        "{what}: {c}: {out:?}"
+                    );
+                    assert_as_stored(&pod, c, &out);
+                }
+                for c in &g.cpu_containers {
+                    let out = printed(&api_logs(&api, &name, c).await);
+                    assert_eq!(
+                        out.get("mount").map(String::as_str),
+                        Some(""),
+                        "{what}: {c}: {out:?}"
+                    );
+                    assert_as_stored(&pod, c, &out);
+                }
+                ran += 1;
+            }
+            // Judged: out of the node's way.
+            let _ = api
+                .delete(&name, &kube::api::DeleteParams::default().grace_period(0))
+                .await;
+        }
+        waiting = still;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "node: {GENERATED} generated pods (seeds {base}..{}): {ran} succeeded as tollgate made \
+         them, {said} said in the kubelet's words, in {:.1} s",
+        base + GENERATED,
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        ran >= GENERATED as usize * 3 / 4 && said > 0,
+        "{ran} ran, {said} said"
+    );
+    tg.deregister(cp).await;
 }
