@@ -39,6 +39,10 @@ pub struct Judged {
     pub allowed: bool,
     /// The refusal, as the user would read it.
     pub message: Option<String>,
+    /// What the apiserver's own validation refuses in a built-in workload's pod templates
+    /// as the mutating webhook left them (it runs between the two webhooks): each error at
+    /// its field; the message is then the apiserver's.
+    pub invalid: Vec<crate::apivalidation::FieldError>,
 }
 
 impl Judged {
@@ -73,6 +77,7 @@ pub fn run(
         validate: staged.validate,
         allowed: true,
         message: None,
+        invalid: vec![],
     };
     if let (Some(m), Some(object)) = (&judged.mutate, review.pointer("/request/object")) {
         let mut doc = object.clone();
@@ -81,11 +86,26 @@ pub fn run(
         }
         judged.mutated = Some(doc);
     }
-    if let Some(refused) = [&judged.mutate, &judged.validate]
-        .into_iter()
-        .flatten()
-        .find(|r| !r.response.allowed)
-    {
+    // The apiserver validates a built-in workload's pod templates after the mutating
+    // webhook and before the validating one: what it refuses there, the validating webhook
+    // never sees.
+    let mutation_allowed = judged.mutate.as_ref().is_none_or(|m| m.response.allowed);
+    if mutation_allowed {
+        if let Some(object) = judged
+            .mutated
+            .as_ref()
+            .or_else(|| review.pointer("/request/object"))
+        {
+            judged.invalid = apiserver_errors(policy, review, object);
+        }
+    }
+    if let Some(refused) = judged.mutate.as_ref().filter(|r| !r.response.allowed) {
+        judged.allowed = false;
+        judged.message = Some(refused.response.result.message.clone());
+    } else if !judged.invalid.is_empty() {
+        judged.allowed = false;
+        judged.message = Some(invalid_message(review, &judged.invalid));
+    } else if let Some(refused) = judged.validate.as_ref().filter(|r| !r.response.allowed) {
         judged.allowed = false;
         judged.message = Some(refused.response.result.message.clone());
     }
@@ -100,6 +120,39 @@ pub fn run(
         }
     }
     Ok(judged)
+}
+
+/// What the apiserver's validation refuses in `object`'s pod templates, for a workload of
+/// a kind the policy lists (the kind as `review` names it).
+fn apiserver_errors(
+    policy: &crate::policy::Policy,
+    review: &Value,
+    object: &Value,
+) -> Vec<crate::apivalidation::FieldError> {
+    let kind = |k: &str| {
+        review
+            .pointer(&format!("/request/kind/{k}"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    };
+    match policy
+        .workloads
+        .kind(kind("group"), kind("version"), kind("kind"))
+    {
+        Some(k) if policy.workloads.enabled => crate::workload::apiserver_errors(k, object),
+        _ => vec![],
+    }
+}
+
+/// The apiserver's refusal of the object of `review` for `errors`.
+fn invalid_message(review: &Value, errors: &[crate::apivalidation::FieldError]) -> String {
+    let at = |p: &str| review.pointer(p).and_then(Value::as_str).unwrap_or("");
+    crate::apivalidation::refusal(
+        at("/request/kind/group"),
+        at("/request/kind/kind"),
+        at("/request/object/metadata/name"),
+        errors,
+    )
 }
 
 /// The CREATE review the apiserver would send for `object` (a Pod, or any object of a kind
