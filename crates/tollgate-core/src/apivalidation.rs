@@ -87,6 +87,62 @@ pub(crate) fn field_of(root: &Value, pointer: &str) -> String {
     out
 }
 
+const RFC1123_SUBDOMAIN: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+
+/// Whether `s` is a DNS-1123 subdomain (what most objects' names must be), its length
+/// aside.
+fn is_subdomain(s: &str) -> bool {
+    s.split('.').all(is_label_text)
+}
+
+/// Every error the apiserver would report of the name in `meta` (an object's
+/// `metadata`) for an object of `kind` (a StatefulSet's name must be a DNS label, as its
+/// pods' hostnames are made of it; a CronJob's at most 52 characters, for its Jobs'
+/// names; the others' a DNS subdomain). A generateName is left to the apiserver.
+pub(crate) fn object_name(kind: &str, meta: Option<&Value>) -> Vec<FieldError> {
+    let field = |k: &str| {
+        meta.and_then(|m| m.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    };
+    let name = field("name");
+    if name.is_empty() {
+        if field("generateName").is_empty() {
+            return vec![err(
+                "metadata.name".into(),
+                "Required value: name or generateName is required".into(),
+            )];
+        }
+        return vec![];
+    }
+    let mut out = vec![];
+    let invalid = |why: &str| {
+        err(
+            "metadata.name".into(),
+            format!("Invalid value: {name:?}: {why}"),
+        )
+    };
+    if kind == "StatefulSet" {
+        if name.len() > 63 {
+            out.push(invalid("must be no more than 63 characters"));
+        }
+        if !is_label_text(name) {
+            out.push(invalid(RFC1123_LABEL));
+        }
+    } else {
+        if name.len() > 253 {
+            out.push(invalid("must be no more than 253 characters"));
+        }
+        if !is_subdomain(name) {
+            out.push(invalid(RFC1123_SUBDOMAIN));
+        }
+    }
+    if kind == "CronJob" && name.len() > 52 {
+        out.push(invalid("must be no more than 52 characters"));
+    }
+    out
+}
+
 /// Every error the apiserver would report of the pod spec `spec` (the template's `spec`),
 /// at `at` (its field path, `spec.template.spec`), in the parts this module knows.
 pub(crate) fn pod_spec(spec: Option<&Value>, at: &str) -> Vec<FieldError> {
@@ -147,8 +203,8 @@ fn name_of(c: &Value) -> &str {
 
 const RFC1123_LABEL: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 
-/// Whether `s` is a DNS-1123 label (what a container's name must be).
-fn is_label(s: &str) -> bool {
+/// Whether `s` is a DNS-1123 label (what a container's name must be), its length aside.
+fn is_label_text(s: &str) -> bool {
     let b = s.as_bytes();
     let inner = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
     !b.is_empty()
@@ -168,7 +224,7 @@ fn container(c: &Value, p: &str, out: &mut Vec<FieldError>) {
                 format!("Invalid value: {name:?}: must be no more than 63 characters"),
             ));
         }
-        if !is_label(name) {
+        if !is_label_text(name) {
             out.push(err(
                 format!("{p}.name"),
                 format!("Invalid value: {name:?}: {RFC1123_LABEL}"),
@@ -280,6 +336,36 @@ fn resources(r: &Value, p: &str, level: Level, out: &mut Vec<FieldError>) {
     }
 }
 
+/// The apiserver's standard resource names (`helper.IsStandardResourceName`): what a
+/// name without a domain must be, for a container or a quota.
+fn is_standard_resource(name: &str) -> bool {
+    const STANDARD: &[&str] = &[
+        "cpu",
+        "memory",
+        "ephemeral-storage",
+        "requests.cpu",
+        "requests.memory",
+        "requests.ephemeral-storage",
+        "limits.cpu",
+        "limits.memory",
+        "limits.ephemeral-storage",
+        "pods",
+        "services",
+        "replicationcontrollers",
+        "resourcequotas",
+        "secrets",
+        "configmaps",
+        "persistentvolumeclaims",
+        "storage",
+        "requests.storage",
+        "services.nodeports",
+        "services.loadbalancers",
+    ];
+    STANDARD.contains(&name)
+        || is_hugepages(name)
+        || name.strip_prefix("requests.").is_some_and(is_hugepages)
+}
+
 /// Whether the apiserver takes `name` as a resource of a container (or of the pod).
 fn resource_name(name: &str, at: &str, level: Level, out: &mut Vec<FieldError>) {
     if level == Level::Pod {
@@ -292,6 +378,15 @@ fn resource_name(name: &str, at: &str, level: Level, out: &mut Vec<FieldError>) 
         return;
     }
     if !name.contains('/') {
+        // `validateResourceName` first (any standard resource), then the containers' own.
+        if !is_standard_resource(name) {
+            out.push(err(
+                at.to_owned(),
+                format!(
+                    "Invalid value: {name:?}: must be a standard resource type or fully qualified"
+                ),
+            ));
+        }
         let standard = matches!(name, "cpu" | "memory" | "ephemeral-storage") || is_hugepages(name);
         if !standard {
             out.push(err(
@@ -362,6 +457,7 @@ mod tests {
             "spec.template.spec.containers[0].name: Invalid value: \"Trainer\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
             "spec.template.spec.containers[0].image: Required value",
             "spec.template.spec.containers[0].resources.limits[memory]: Invalid value: \"-1\": must be greater than or equal to 0",
+            "spec.template.spec.containers[0].resources.requests[gpu]: Invalid value: \"gpu\": must be a standard resource type or fully qualified",
             "spec.template.spec.containers[0].resources.requests[gpu]: Invalid value: \"gpu\": must be a standard resource for containers",
             "spec.template.spec.containers[0].resources.requests: Invalid value: \"2\": must be less than or equal to cpu limit of 1",
             "spec.template.spec.containers[0].resources.requests: Invalid value: \"1\": must be equal to nvidia.com/gpu limit of 2",
@@ -377,6 +473,26 @@ mod tests {
         assert_eq!(
             fields(json!({})),
             ["spec.template.spec.containers: Required value"]
+        );
+    }
+
+    #[test]
+    fn object_names_as_each_kind_needs_them() {
+        let meta = |name: &str| json!({"name": name});
+        assert!(object_name("Job", Some(&meta("train.v2"))).is_empty());
+        let e = object_name("StatefulSet", Some(&meta("train.v2")));
+        assert_eq!(e.len(), 1);
+        assert!(e[0].detail.contains("RFC 1123 label"), "{e:?}");
+        let e = object_name("Deployment", Some(&meta("Train_GPU")));
+        assert!(e[0]
+            .detail
+            .starts_with("Invalid value: \"Train_GPU\": a lowercase RFC 1123 subdomain"));
+        let long = "a".repeat(53);
+        assert_eq!(object_name("CronJob", Some(&meta(&long))).len(), 1);
+        assert!(object_name("Job", Some(&json!({"generateName": "train-"}))).is_empty());
+        assert_eq!(
+            object_name("Job", None)[0].to_string(),
+            "metadata.name: Required value: name or generateName is required"
         );
     }
 

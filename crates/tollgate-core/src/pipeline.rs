@@ -40,8 +40,8 @@ pub struct Judged {
     /// The refusal, as the user would read it.
     pub message: Option<String>,
     /// What the apiserver's own validation refuses in a built-in workload's pod templates
-    /// as the mutating webhook left them (it runs between the two webhooks): each error at
-    /// its field; the message is then the apiserver's.
+    /// as the mutating webhook left them (it runs between the two webhooks; stage `all`
+    /// only): each error at its field; the message is then the apiserver's.
     pub invalid: Vec<crate::apivalidation::FieldError>,
 }
 
@@ -88,14 +88,11 @@ pub fn run(
     }
     // The apiserver validates a built-in workload's pod templates after the mutating
     // webhook and before the validating one: what it refuses there, the validating webhook
-    // never sees.
+    // never sees. Only with both webhooks, as a cluster runs them: one alone is asked for
+    // its own answer (and without the mutation, a template it mends would be refused).
     let mutation_allowed = judged.mutate.as_ref().is_none_or(|m| m.response.allowed);
-    if mutation_allowed {
-        if let Some(object) = judged
-            .mutated
-            .as_ref()
-            .or_else(|| review.pointer("/request/object"))
-        {
+    if stage == Stage::All && mutation_allowed {
+        if let Some(object) = judged.mutated.as_ref() {
             judged.invalid = apiserver_errors(policy, review, object);
         }
     }
@@ -284,5 +281,37 @@ mod tests {
         let all = run(&policy, &Objects::complete(), &review, Stage::All).unwrap();
         assert!(all.allowed, "{:?}", all.message);
         assert!(!all.mutate.unwrap().steps().is_empty());
+    }
+
+    #[test]
+    fn a_gpu_job_is_held_to_the_apiservers_validation_between_the_webhooks() {
+        let policy = Policy::builtin();
+        let job = |annotations: Value| {
+            json!({"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": "train-gpu", "namespace": "ml"},
+                "spec": {"template": {"metadata": {"annotations": annotations}, "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "t", "image": "t",
+                        "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}}}})
+        };
+        let masters = ["system:masters".to_owned()];
+        let review = synthetic_review(&job(json!({})), None, "bob", &[]);
+        let all = run(&policy, &Objects::complete(), &review, Stage::All).unwrap();
+        assert!(all.allowed && all.invalid.is_empty(), "{:?}", all.message);
+        // Opted out: its pods get no limit from tollgate, so neither does its template.
+        let opted = job(json!({"tollgate.dev/opt-out": "true"}));
+        let review = synthetic_review(&opted, None, "alice", &masters);
+        let all = run(&policy, &Objects::complete(), &review, Stage::All).unwrap();
+        assert!(!all.allowed);
+        assert_eq!(
+            all.message.as_deref(),
+            Some("Job.batch \"train-gpu\" is invalid: spec.template.spec.containers[0].resources.limits: Required value: Limit must be set for non overcommitable resources")
+        );
+        assert_eq!(
+            all.invalid[0].field,
+            "spec.template.spec.containers[0].resources.limits"
+        );
+        let mutate = run(&policy, &Objects::complete(), &review, Stage::Mutate).unwrap();
+        assert!(mutate.allowed && mutate.invalid.is_empty());
     }
 }

@@ -80,7 +80,9 @@ pub(crate) fn apiserver_errors(
         .into_iter()
         .map(|t| (t.pointer, t.value.get("spec")))
         .collect();
-    fix::errors_of(&found, object)
+    let mut errors = crate::apivalidation::object_name(&kind.kind, object.get("metadata"));
+    errors.extend(fix::errors_of(&found, object));
+    errors
 }
 pub(crate) use runtime::validate_runtime;
 pub(crate) use template::labels_of;
