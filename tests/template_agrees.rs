@@ -10,8 +10,9 @@
 //!   same file says allowed, with the same template. Opted out, its pods get nothing from
 //!   tollgate, and the apiserver and review refuse it in the same words.
 //! - Generated workloads (the built-in kinds: Jobs, CronJobs, Deployments, StatefulSets,
-//!   ReplicaSets, DaemonSets; the kinds of CRDs are not validated as pods by the apiserver,
-//!   and this plane installs none) with extended resources with and without limits,
+//!   ReplicaSets, DaemonSets; and PyTorchJobs, JobSets, LeaderWorkerSets and Volcano Jobs
+//!   on CRDs that check nothing, as tests/e2e.rs installs them: the apiserver validates
+//!   their names, never their templates, which tollgate leaves as written) with extended resources with and without limits,
 //!   requests above limits, pod-level resources, invalid names (the workload's, a
 //!   container's, a resource's) and values, missing images
 //!   and containers, init containers and native sidecars, opted out or not: each created
@@ -20,7 +21,8 @@
 //!   refuses, review names the same fields and says the same of each (the apiserver's
 //!   causes: field and message); where tollgate's validating webhook refuses, review says
 //!   the webhook's message. Seeded (a failure names its seed), as tests/mutation_props.rs
-//!   is: 600 a run, in about 3 s; 3,000 once, no disagreement.
+//!   is: 600 a run (3 s on an idle machine; 25 s on a loaded one); 3,000 once, no
+//!   disagreement.
 
 use crate::common;
 use crate::common::rng::Rng;
@@ -32,38 +34,84 @@ use serde_json::{json, Value};
 /// How many workloads a run generates.
 const CASES: u64 = 600;
 
-/// The built-in kinds whose templates the apiserver validates.
-const KINDS: &[&str] = &[
-    "Job",
-    "CronJob",
-    "Deployment",
-    "StatefulSet",
-    "ReplicaSet",
-    "DaemonSet",
+/// The built-in kinds whose templates the apiserver validates, and kinds of CRDs (installed
+/// here as tests/e2e.rs installs them, every field unchecked: the apiserver validates their
+/// names, never their templates), each with its apiVersion and plural.
+const KINDS: &[(&str, &str, &str)] = &[
+    ("batch/v1", "Job", "jobs"),
+    ("batch/v1", "CronJob", "cronjobs"),
+    ("apps/v1", "Deployment", "deployments"),
+    ("apps/v1", "StatefulSet", "statefulsets"),
+    ("apps/v1", "ReplicaSet", "replicasets"),
+    ("apps/v1", "DaemonSet", "daemonsets"),
+    ("kubeflow.org/v1", "PyTorchJob", "pytorchjobs"),
+    ("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets"),
+    (
+        "leaderworkerset.x-k8s.io/v1",
+        "LeaderWorkerSet",
+        "leaderworkersets",
+    ),
+    ("batch.volcano.sh/v1alpha1", "Job", "jobs"),
 ];
 
-/// `spec` (a pod spec) as the template of a workload of `kind` named `name`, with
-/// `annotations` on the template.
-fn workload(kind: &str, name: &str, annotations: Value, mut spec: Value) -> Value {
+/// The kinds of CRDs of [`KINDS`].
+fn custom() -> impl Iterator<Item = &'static (&'static str, &'static str, &'static str)> {
+    KINDS
+        .iter()
+        .filter(|(api, ..)| !matches!(*api, "batch/v1" | "apps/v1"))
+}
+
+/// Installs the CRDs of [`KINDS`] (one there already, of tests/e2e.rs or an earlier run,
+/// is kept) and waits until each serves.
+async fn install_crds(admin: &kube::Client, namespace: &str) {
+    for (api, kind, plural) in custom() {
+        if let Err(e) =
+            common::apiserver::create(admin, &crate::e2e::crd(api, kind, plural), false).await
+        {
+            assert_eq!(e.code, 409, "installing the CRD of {kind}: {}", e.message);
+        }
+    }
+    for (api, kind, _) in custom() {
+        let probe = json!({"apiVersion": api, "kind": kind,
+            "metadata": {"name": "probe", "namespace": namespace}});
+        common::net::until(&format!("the CRD of {kind} to serve"), async || {
+            common::apiserver::create(admin, &probe, true).await.is_ok()
+        })
+        .await;
+    }
+}
+
+/// `spec` (a pod spec) as the template of a workload of `kind` (of `api`) named `name`,
+/// with `annotations` on the template.
+fn workload(api: &str, kind: &str, name: &str, annotations: Value, mut spec: Value) -> Value {
     let labels = json!({"app": name});
-    let batch = matches!(kind, "Job" | "CronJob");
+    let batch = matches!((api, kind), ("batch/v1", "Job" | "CronJob"))
+        || matches!(kind, "PyTorchJob" | "JobSet")
+        || api.starts_with("batch.volcano.sh");
     spec["restartPolicy"] = json!(if batch { "Never" } else { "Always" });
     let template =
         json!({"metadata": {"labels": labels, "annotations": annotations}, "spec": spec});
-    let (api, body) = match kind {
-        "Job" => ("batch/v1", json!({"template": template})),
-        "CronJob" => (
-            "batch/v1",
-            json!({"schedule": "0 * * * *", "jobTemplate": {"spec": {"template": template}}}),
-        ),
-        "DaemonSet" => (
-            "apps/v1",
-            json!({"selector": {"matchLabels": labels}, "template": template}),
-        ),
-        _ => (
-            "apps/v1",
-            json!({"replicas": 1, "selector": {"matchLabels": labels}, "template": template}),
-        ),
+    let body = match (api, kind) {
+        ("batch/v1", "Job") => json!({"template": template}),
+        ("batch/v1", "CronJob") => {
+            json!({"schedule": "0 * * * *", "jobTemplate": {"spec": {"template": template}}})
+        }
+        ("apps/v1", "DaemonSet") => {
+            json!({"selector": {"matchLabels": labels}, "template": template})
+        }
+        ("apps/v1", _) => {
+            json!({"replicas": 1, "selector": {"matchLabels": labels}, "template": template})
+        }
+        (_, "PyTorchJob") => json!({"pytorchReplicaSpecs": {
+            "Master": {"replicas": 1, "template": template},
+            "Worker": {"replicas": 2, "template": template}}}),
+        (_, "JobSet") => json!({"replicatedJobs": [{"name": "workers", "replicas": 1,
+            "template": {"spec": {"parallelism": 2, "template": template}}}]}),
+        (_, "LeaderWorkerSet") => json!({"replicas": 1,
+            "leaderWorkerTemplate": {"size": 2, "workerTemplate": template}}),
+        _ => {
+            json!({"minAvailable": 1, "tasks": [{"name": "worker", "replicas": 2, "template": template}]})
+        }
     };
     json!({"apiVersion": api, "kind": kind, "metadata": {"name": name}, "spec": body})
 }
@@ -187,7 +235,7 @@ fn container(rng: &mut Rng, name: &str, sidecar_or_init: bool, pod_level: bool) 
 /// The `i`th generated workload, drawn from `seed`.
 fn generate(seed: u64) -> Value {
     let mut rng = Rng::new(seed);
-    let kind = *rng.pick(KINDS);
+    let (api, kind, _) = *rng.pick(KINDS);
     let pod_level = rng.chance(12);
     let mut spec = json!({});
     let mut containers = vec![];
@@ -231,7 +279,7 @@ fn generate(seed: u64) -> Value {
     } else {
         format!("w{seed}")
     };
-    workload(kind, &name, annotations, spec)
+    workload(api, kind, &name, annotations, spec)
 }
 
 /// What the apiserver said of one workload: accepted, refused by its own validation (each
@@ -360,6 +408,7 @@ async fn review_and_the_apiserver_agree_on_generated_workloads() {
         return;
     };
     let admin = cp.client("admin").await;
+    install_crds(&admin, &ns).await;
     let started = std::time::Instant::now();
     let objects: Vec<Value> = (0..CASES).map(generate).collect();
     let sent: Vec<Value> = objects
@@ -371,6 +420,7 @@ async fn review_and_the_apiserver_agree_on_generated_workloads() {
         async move { apiserver_said(common::apiserver::create(&admin, &o, true).await) }
     })
     .await;
+    let through_the_apiserver = started.elapsed();
     let reviewed = review(&sent, &ns);
     let mut disagree = vec![];
     // Workloads accepted only because tollgate gave their templates a GPU's limit.
@@ -400,7 +450,7 @@ async fn review_and_the_apiserver_agree_on_generated_workloads() {
         }
     }
     eprintln!(
-        "template_agrees: {CASES} workloads through the apiserver and review in {:?}: {seen:?}, {mended} accepted for the limits tollgate gave",
+        "template_agrees: {CASES} workloads through the apiserver in {through_the_apiserver:?}, and review, in {:?}: {seen:?}, {mended} accepted for the limits tollgate gave",
         started.elapsed()
     );
     assert!(
@@ -542,8 +592,16 @@ async fn a_server_side_re_apply_changes_nothing() {
     let spec = json!({"containers": [{"name": "train", "image": "registry.example.com/ml/train:1",
         "resources": {"requests": {"nvidia.com/gpu": "1", "cpu": "1", "memory": "1Gi"}}}]});
     for kind in ["Job", "Deployment"] {
-        let object =
-            common::apiserver::for_create(&workload(kind, "gitops", json!({}), spec.clone()), &ns);
+        let object = common::apiserver::for_create(
+            &workload(
+                if kind == "Job" { "batch/v1" } else { "apps/v1" },
+                kind,
+                "gitops",
+                json!({}),
+                spec.clone(),
+            ),
+            &ns,
+        );
         let api: Api<DynamicObject> =
             Api::namespaced_with(admin.clone(), &ns, &common::apiserver::resource_of(&object));
         let params = PatchParams::apply("gitops-tool").force();

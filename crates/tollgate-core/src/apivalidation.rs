@@ -10,6 +10,9 @@
 //! runs it to say, with the YAML to add, what it could not mend. Kinds of CustomResource
 //! Definitions have no such validation (only their schema), and are not checked here.
 //!
+//! The object's own name is validated for every kind, a CustomResource's too
+//! (`ValidateObjectMeta`).
+//!
 //! Not all of the apiserver's validation, only the parts of `ValidatePodSpec`
 //! (k8s.io/kubernetes pkg/apis/core/validation) a training manifest meets: the containers'
 //! names and images, their resources (`ValidateContainerResourceRequirements`: a
@@ -96,10 +99,11 @@ fn is_subdomain(s: &str) -> bool {
 }
 
 /// Every error the apiserver would report of the name in `meta` (an object's
-/// `metadata`) for an object of `kind` (a StatefulSet's name must be a DNS label, as its
-/// pods' hostnames are made of it; a CronJob's at most 52 characters, for its Jobs'
-/// names; the others' a DNS subdomain). A generateName is left to the apiserver.
-pub(crate) fn object_name(kind: &str, meta: Option<&Value>) -> Vec<FieldError> {
+/// `metadata`) for an object of `kind` in `group` (a StatefulSet's name must be a DNS
+/// label, as its pods' hostnames are made of it; a CronJob's at most 52 characters, for
+/// its Jobs' names; any other's, a CustomResource's too, a DNS subdomain). A generateName
+/// is left to the apiserver.
+pub(crate) fn object_name(group: &str, kind: &str, meta: Option<&Value>) -> Vec<FieldError> {
     let field = |k: &str| {
         meta.and_then(|m| m.get(k))
             .and_then(Value::as_str)
@@ -122,7 +126,7 @@ pub(crate) fn object_name(kind: &str, meta: Option<&Value>) -> Vec<FieldError> {
             format!("Invalid value: {name:?}: {why}"),
         )
     };
-    if kind == "StatefulSet" {
+    if (group, kind) == ("apps", "StatefulSet") {
         if name.len() > 63 {
             out.push(invalid("must be no more than 63 characters"));
         }
@@ -137,7 +141,7 @@ pub(crate) fn object_name(kind: &str, meta: Option<&Value>) -> Vec<FieldError> {
             out.push(invalid(RFC1123_SUBDOMAIN));
         }
     }
-    if kind == "CronJob" && name.len() > 52 {
+    if (group, kind) == ("batch", "CronJob") && name.len() > 52 {
         out.push(invalid("must be no more than 52 characters"));
     }
     out
@@ -479,19 +483,19 @@ mod tests {
     #[test]
     fn object_names_as_each_kind_needs_them() {
         let meta = |name: &str| json!({"name": name});
-        assert!(object_name("Job", Some(&meta("train.v2"))).is_empty());
-        let e = object_name("StatefulSet", Some(&meta("train.v2")));
+        assert!(object_name("batch", "Job", Some(&meta("train.v2"))).is_empty());
+        let e = object_name("apps", "StatefulSet", Some(&meta("train.v2")));
         assert_eq!(e.len(), 1);
         assert!(e[0].detail.contains("RFC 1123 label"), "{e:?}");
-        let e = object_name("Deployment", Some(&meta("Train_GPU")));
+        let e = object_name("apps", "Deployment", Some(&meta("Train_GPU")));
         assert!(e[0]
             .detail
             .starts_with("Invalid value: \"Train_GPU\": a lowercase RFC 1123 subdomain"));
         let long = "a".repeat(53);
-        assert_eq!(object_name("CronJob", Some(&meta(&long))).len(), 1);
-        assert!(object_name("Job", Some(&json!({"generateName": "train-"}))).is_empty());
+        assert_eq!(object_name("batch", "CronJob", Some(&meta(&long))).len(), 1);
+        assert!(object_name("batch", "Job", Some(&json!({"generateName": "train-"}))).is_empty());
         assert_eq!(
-            object_name("Job", None)[0].to_string(),
+            object_name("batch", "Job", None)[0].to_string(),
             "metadata.name: Required value: name or generateName is required"
         );
     }

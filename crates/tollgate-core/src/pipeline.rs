@@ -33,7 +33,8 @@ pub struct Judged {
     /// The object with the mutation's patch applied, before the apiserver's defaulting;
     /// None when the review carries no object or the stage is `validate`.
     pub mutated: Option<Value>,
-    /// The validating webhook's review: not run when the mutation already refused.
+    /// The validating webhook's review: not run when the mutation already refused, or the
+    /// apiserver's own validation (`invalid`) did.
     pub validate: Option<Reviewed>,
     /// Whether the apiserver would admit the object.
     pub allowed: bool,
@@ -102,6 +103,8 @@ pub fn run(
     } else if !judged.invalid.is_empty() {
         judged.allowed = false;
         judged.message = Some(invalid_message(review, &judged.invalid));
+        // The apiserver never calls the validating webhook: nothing of it is said.
+        judged.validate = None;
     } else if let Some(refused) = judged.validate.as_ref().filter(|r| !r.response.allowed) {
         judged.allowed = false;
         judged.message = Some(refused.response.result.message.clone());

@@ -66,24 +66,27 @@ use crate::validate::Verdict;
 
 pub(crate) use mutating::mutate;
 
-/// What the apiserver's own validation refuses in the pod templates of `object`, a
-/// workload of `kind` (nothing for a kind it does not validate as pods: a CRD's): what
+/// What the apiserver's own validation refuses in `object`, a workload of `kind`: its
+/// name, and its pod templates (not for a kind it does not validate as pods: a CRD's): what
 /// `tollgate review` holds the mutated workload to, where the apiserver does.
 pub(crate) fn apiserver_errors(
     kind: &WorkloadKind,
     object: &Value,
 ) -> Vec<crate::apivalidation::FieldError> {
+    // Every object's name, a CustomResource's too.
+    let mut errors =
+        crate::apivalidation::object_name(&kind.group, &kind.kind, object.get("metadata"));
     if !fix::validated_by_apiserver(kind) {
-        return vec![];
+        return errors;
     }
     let found: Vec<(String, Option<&Value>)> = template::templates(kind, object)
         .into_iter()
         .map(|t| (t.pointer, t.value.get("spec")))
         .collect();
-    let mut errors = crate::apivalidation::object_name(&kind.kind, object.get("metadata"));
     errors.extend(fix::errors_of(&found, object));
     errors
 }
+
 pub(crate) use runtime::validate_runtime;
 pub(crate) use template::labels_of;
 pub(crate) use validating::validate;
