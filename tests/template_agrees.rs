@@ -7,7 +7,8 @@
 //!   training manifests do) is created: the mutating webhook gives its template limit =
 //!   request, the job controller makes its pod, which tollgate mutates and the scheduler
 //!   binds to a GPU node (on [`common::envtest::scheduling_plane`]); `tollgate review` of the
-//!   same file says allowed, with the same template. Opted out, its pods get nothing from
+//!   same file says allowed, with the same template. A Deployment alike, its ReplicaSet's
+//!   pod bound to the GPU node too. Opted out, the Job's pods get nothing from
 //!   tollgate, and the apiserver and review refuse it in the same words.
 //! - Generated workloads (the built-in kinds: Jobs, CronJobs, Deployments, StatefulSets,
 //!   ReplicaSets, DaemonSets; and PyTorchJobs, JobSets, LeaderWorkerSets and Volcano Jobs
@@ -485,7 +486,7 @@ fn gpu_job(name: &str, pool: &common::context::Pool, annotations: Value) -> Valu
 }
 
 #[tokio::test]
-async fn a_gpu_job_without_limits_is_created_and_its_pod_reaches_a_gpu_node() {
+async fn a_gpu_job_and_deployment_without_limits_are_created_and_their_pods_reach_a_gpu_node() {
     use common::scheduling::{self, Placement};
     let Some(cp) = common::envtest::scheduling_plane() else {
         return;
@@ -541,6 +542,52 @@ async fn a_gpu_job_without_limits_is_created_and_its_pod_reaches_a_gpu_node() {
         ],
         "the pod's limits"
     );
+    assert_eq!(
+        scheduling::placement(cp, &admin, &ns, &pod_name).await,
+        Placement::Bound(node["metadata"]["name"].as_str().unwrap().to_owned())
+    );
+
+    // A Deployment alike: its template gets the limit, the deployment controller's
+    // ReplicaSet keeps it, and the ReplicaSet's pod reaches the GPU node.
+    let mut deployment = workload(
+        "apps/v1",
+        "Deployment",
+        "serve-gpu",
+        json!({}),
+        job["spec"]["template"]["spec"].clone(),
+    );
+    deployment = common::apiserver::for_create(&deployment, &ns);
+    let stored = common::apiserver::create(&admin, &deployment, false)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "the GPU Deployment without limits is refused: {}",
+                e.message
+            )
+        });
+    assert_eq!(
+        stored
+            .pointer("/spec/template/spec/containers/0/resources/limits")
+            .cloned(),
+        Some(json!({"nvidia.com/gpu": "1"}))
+    );
+    let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(admin.clone(), &ns);
+    let mut pod_name = String::new();
+    common::net::until("a pod of the GPU Deployment", async || {
+        let found = pods
+            .list(&kube::api::ListParams::default().labels("app=serve-gpu"))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        match found.first().and_then(|p| p.metadata.name.clone()) {
+            Some(n) => {
+                pod_name = n;
+                true
+            }
+            None => false,
+        }
+    })
+    .await;
     assert_eq!(
         scheduling::placement(cp, &admin, &ns, &pod_name).await,
         Placement::Bound(node["metadata"]["name"].as_str().unwrap().to_owned())
