@@ -555,4 +555,48 @@ mod tests {
             "{said}"
         );
     }
+
+    #[test]
+    fn hugepages_alone_get_the_cpu_and_memory_their_pods_would_get() {
+        let policy = Policy::builtin();
+        let kind = policy.workloads.kind("apps", "v1", "Deployment").unwrap();
+        let none: Vec<String> = vec![];
+        let gpu_and_pages = json!({"nvidia.com/gpu": "1", "hugepages-2Mi": "4Mi"});
+        let d = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "serve", "namespace": "ml"},
+            "spec": {"selector": {"matchLabels": {"app": "serve"}}, "template": {
+                "metadata": {"labels": {"app": "serve"}},
+                "spec": {"containers": [{"name": "s", "image": "i",
+                    "resources": {"requests": gpu_and_pages, "limits": gpu_and_pages}}]}
+            }}
+        });
+        assert_eq!(
+            super::apiserver_errors(kind, &d)[0].detail,
+            "Forbidden: HugePages require cpu or memory"
+        );
+        let w = Workload {
+            kind,
+            object: &d,
+            old: None,
+            operation: Operation::Create,
+            who: who("bob", &none),
+        };
+        let fixed = apply(&d, mutate(&policy, &Offline, &w).patch.as_deref().unwrap());
+        assert_eq!(
+            fixed.pointer("/spec/template/spec/containers/0/resources/limits"),
+            Some(
+                &json!({"nvidia.com/gpu": "1", "hugepages-2Mi": "4Mi", "cpu": "2", "memory": "4Gi"})
+            )
+        );
+        assert!(super::apiserver_errors(kind, &fixed).is_empty());
+        let again = Workload {
+            object: &fixed,
+            ..w
+        };
+        assert!(
+            mutate(&policy, &Offline, &again).patch.is_none(),
+            "idempotent"
+        );
+    }
 }
