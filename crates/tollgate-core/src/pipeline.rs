@@ -122,8 +122,9 @@ pub fn run(
     Ok(judged)
 }
 
-/// What the apiserver's validation refuses in `object`'s pod templates, for a workload of
-/// a kind the policy lists (the kind as `review` names it).
+/// What the apiserver's validation refuses in `object` and its pod templates, for a
+/// workload of a kind the policy lists (the kind as `review` names it; where the templates
+/// are, the policy says).
 fn apiserver_errors(
     policy: &crate::policy::Policy,
     review: &Value,
@@ -139,8 +140,10 @@ fn apiserver_errors(
         .workloads
         .kind(kind("group"), kind("version"), kind("kind"))
     {
-        Some(k) if policy.workloads.enabled => crate::workload::apiserver_errors(k, object),
-        _ => vec![],
+        // Whether tollgate judges workloads or not (`workloads.enabled`): the apiserver
+        // validates them all the same.
+        Some(k) => crate::workload::apiserver_errors(k, object),
+        None => vec![],
     }
 }
 
@@ -316,5 +319,12 @@ mod tests {
         );
         let mutate = run(&policy, &Objects::complete(), &review, Stage::Mutate).unwrap();
         assert!(mutate.allowed && mutate.invalid.is_empty());
+        // Workloads left to their pods: tollgate gives the template nothing, and the
+        // apiserver refuses it all the same.
+        let off = Policy::from_text("off", "workloads: {enabled: false}").unwrap();
+        let review = synthetic_review(&job(json!({})), None, "bob", &[]);
+        let all = run(&off, &Objects::complete(), &review, Stage::All).unwrap();
+        assert!(!all.allowed);
+        assert_eq!(all.invalid.len(), 1, "{:?}", all.message);
     }
 }
