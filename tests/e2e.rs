@@ -179,7 +179,7 @@ fn custom(obj: &Value) -> Option<&'static (&'static str, &'static str, &'static 
 }
 
 /// A CRD for one of [`CUSTOM`]: namespaced, one version, every field kept unchecked.
-fn crd(api: &str, kind: &str, plural: &str) -> Value {
+pub(crate) fn crd(api: &str, kind: &str, plural: &str) -> Value {
     let (group, version) = api.split_once('/').unwrap();
     json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",

@@ -22,8 +22,9 @@
 //! Every case runs through the engine, the HTTP router and the `tollgate review` command;
 //! all three must agree with the goldens. Mutate cases also check that the patch applies to
 //! the object as sent, that the result is a valid pod (for a workload: that the patch
-//! touches nothing but tollgate's opt-out approval in its templates), and that a second
-//! pass over the mutated object yields no patch.
+//! touches nothing but tollgate's opt-out approval in its templates and the limits the
+//! apiserver requires of a built-in kind's template, each its request), and that a
+//! second pass over the mutated object yields no patch.
 //!
 //! Goldens are only rewritten with `TOLLGATE_BLESS=1 cargo test --test integration golden::`. A missing or
 //! outdated golden file, or one the case does not produce, fails the test.
@@ -219,6 +220,70 @@ fn via_cli(case: &Case) -> Value {
     }
 }
 
+/// Whether the container that the op at `path` changes differs between `original` and
+/// `mutated` only by limits the apiserver requires: a non-overcommitable resource's, equal
+/// to its request, or cpu and memory for a container with hugepages and neither.
+fn required_limits_only(original: &Value, mutated: &Value, path: &str) -> bool {
+    let parts: Vec<&str> = path.split('/').collect();
+    let Some(at) = parts
+        .iter()
+        .position(|p| *p == "containers" || *p == "initContainers")
+    else {
+        return false;
+    };
+    let container = parts[..at + 2].join("/");
+    let (Some(before), Some(after)) = (original.pointer(&container), mutated.pointer(&container))
+    else {
+        return false;
+    };
+    let mut rest = after.clone();
+    let limits = rest
+        .pointer_mut("/resources")
+        .and_then(Value::as_object_mut)
+        .and_then(|r| r.remove("limits"))
+        .unwrap_or(Value::Null);
+    let old_limits = before.pointer("/resources/limits").cloned();
+    let mut before_rest = before.clone();
+    if let Some(r) = before_rest
+        .pointer_mut("/resources")
+        .and_then(Value::as_object_mut)
+    {
+        r.remove("limits");
+        if r.is_empty() {
+            before_rest.as_object_mut().unwrap().remove("resources");
+        }
+    }
+    if let Some(r) = rest
+        .pointer_mut("/resources")
+        .and_then(Value::as_object_mut)
+    {
+        if r.is_empty() {
+            rest.as_object_mut().unwrap().remove("resources");
+        }
+    }
+    if rest != before_rest {
+        return false;
+    }
+    let requests = before.pointer("/resources/requests");
+    let names: Vec<&str> = [requests, old_limits.as_ref()]
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object)
+        .flat_map(|m| m.keys().map(String::as_str))
+        .collect();
+    let hugepages_alone = names.iter().any(|n| n.starts_with("hugepages-"))
+        && !names.iter().any(|n| *n == "cpu" || *n == "memory");
+    limits.as_object().is_some_and(|l| {
+        l.iter().all(|(k, v)| {
+            let kept = old_limits.as_ref().and_then(|o| o.get(k)) == Some(v);
+            let equal_request = tollgate_core::is_non_overcommittable(k)
+                && requests.and_then(|r| r.get(k)) == Some(v);
+            let for_hugepages = hugepages_alone && (k == "cpu" || k == "memory");
+            kept || equal_request || for_hugepages
+        })
+    })
+}
+
 /// Whether every leaf of `v` is the approval (as an annotation, or as the manager of a
 /// runtime patch) or a name that says where it goes.
 fn only_the_approval(v: &Value, approval: &str) -> bool {
@@ -269,8 +334,9 @@ fn check_mutation(case: &Case, response: &Value, failures: &mut Vec<String>) {
         failures,
     );
     if case.case.is_workload() {
-        // The mutating webhook only ever sets or removes the approval in a template: the
-        // pods are mutated when they are created.
+        // The mutating webhook only ever sets or removes the approval in a template, and
+        // gives a built-in kind's template the limits the apiserver requires that its pods
+        // get anyway: the pods are mutated when they are created.
         let approval = &case.policy.opt_out.approval_annotation;
         for op in response
             .pointer("/response/patch")
@@ -300,7 +366,12 @@ fn check_mutation(case: &Case, response: &Value, failures: &mut Vec<String>) {
             let only_approval = only_approval
                 || (in_an_override
                     && (op["op"] == "remove" || only_the_approval(&op["value"], approval)));
-            if !only_approval || !(in_a_template || in_an_override) {
+            // Or a limit the apiserver requires of a built-in kind's template, that its
+            // pods get anyway (a GPU's limit = its request).
+            let a_required_limit = in_a_template
+                && path.contains("/resources")
+                && required_limits_only(&original, &pod, path);
+            if !(only_approval || a_required_limit) || !(in_a_template || in_an_override) {
                 failures.push(format!(
                     "{name}: the patch of a workload changes more than the approval: {op}"
                 ));

@@ -44,6 +44,7 @@ mod scheduler_agrees;
 mod self_managed_certs;
 mod shutdown;
 mod soak;
+mod template_agrees;
 mod tls;
 mod trainjob_context;
 mod why;

@@ -35,8 +35,8 @@ use super::objects::{self, PolicyObjects};
 pub use tollgate_core::synthetic_review;
 use tollgate_core::{
     claim_from, claim_template_from, group_version, place_in_namespace, run_pipeline, Cluster,
-    Judged, ObjectStatus, Objects, Policy, Reviewed, Stage, TemplateVerdict, DRA_API_VERSIONS,
-    KARPENTER_NODEPOOL_API_VERSION, KUEUE_API_VERSIONS,
+    FieldError, Judged, ObjectStatus, Objects, Policy, Reviewed, Stage, TemplateVerdict,
+    DRA_API_VERSIONS, KARPENTER_NODEPOOL_API_VERSION, KUEUE_API_VERSIONS,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -825,6 +825,9 @@ pub struct CliResult {
     pub skipped: Option<Skipped>,
     /// A TollgatePolicy or TollgateProfile: what became of it (in force, or why not).
     pub policy_object: Option<ObjectStatus>,
+    /// For a built-in workload: what the apiserver's own validation refuses in its pod
+    /// templates as mutated, each at the field the apiserver names.
+    pub invalid: Vec<FieldError>,
 }
 
 impl CliResult {
@@ -852,6 +855,7 @@ impl CliResult {
             document: None,
             skipped: Some(s.clone()),
             policy_object: None,
+            invalid: vec![],
         }
     }
 
@@ -931,6 +935,11 @@ impl CliResult {
             .iter()
             .map(|t| json!({"template": t.template, "path": t.pointer, "decision": t.decision}))
             .collect();
+        let invalid: Vec<Value> = self
+            .invalid
+            .iter()
+            .map(|e| json!({"field": e.field, "detail": e.detail}))
+            .collect();
         json!({
             "decision": if self.allowed { "allowed" } else { "denied" },
             "allowed": self.allowed,
@@ -940,6 +949,7 @@ impl CliResult {
             "name": self.name,
             "verdict": self.verdict,
             "templates": templates,
+            "invalid": invalid,
             "message": self.message,
             "warnings": self.warnings,
             "profile": self.profile,
@@ -1108,6 +1118,7 @@ impl CliResult {
             document: None,
             skipped: None,
             policy_object: None,
+            invalid: std::mem::take(&mut judged.invalid),
         };
         if let Some(r) = &judged.mutate {
             result.patch = r.patch();

@@ -77,6 +77,9 @@ pub struct Refusal {
     pub code: u16,
     pub message: String,
     pub causes: BTreeSet<(String, String)>,
+    /// Each cause as the apiserver words it: its field and its message
+    /// (`Required value: Limit must be set for non overcommitable resources`).
+    pub said: BTreeSet<(String, String)>,
 }
 
 /// Creates `obj` (in its metadata.namespace; without one, a cluster-scoped object) as
@@ -92,6 +95,7 @@ pub async fn create(client: &kube::Client, obj: &Value, dry_run: bool) -> Result
         code: 0,
         message: format!("not an object: {e}"),
         causes: BTreeSet::new(),
+        said: BTreeSet::new(),
     })?;
     let params = PostParams {
         dry_run,
@@ -107,12 +111,19 @@ pub async fn create(client: &kube::Client, obj: &Value, dry_run: bool) -> Result
                 .flat_map(|d| &d.causes)
                 .map(|c| (c.reason.clone(), c.field.clone()))
                 .collect(),
+            said: s
+                .details
+                .iter()
+                .flat_map(|d| &d.causes)
+                .map(|c| (c.field.clone(), c.message.clone()))
+                .collect(),
             message: s.message,
         }),
         Err(e) => Err(Refusal {
             code: 0,
             message: e.to_string(),
             causes: BTreeSet::new(),
+            said: BTreeSet::new(),
         }),
     }
 }

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
+mod apivalidation;
 mod audit;
 mod capacity;
 mod check;
@@ -53,6 +54,8 @@ pub use review::{review_bytes, review_bytes_with, Outcome, ReviewError, Reviewed
 pub use stage::Stage;
 pub use validate::Verdict;
 pub use workload::TemplateVerdict;
+// What the apiserver's own validation refuses in a workload's pod template, in its words.
+pub use apivalidation::{refusal as apiserver_refusal, FieldError};
 
 // `tollgate review`: an object's CREATE review as the apiserver would send it, through the
 // webhooks of a stage in a cluster's order.

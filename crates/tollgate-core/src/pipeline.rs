@@ -33,12 +33,17 @@ pub struct Judged {
     /// The object with the mutation's patch applied, before the apiserver's defaulting;
     /// None when the review carries no object or the stage is `validate`.
     pub mutated: Option<Value>,
-    /// The validating webhook's review: not run when the mutation already refused.
+    /// The validating webhook's review: not run when the mutation already refused, or the
+    /// apiserver's own validation (`invalid`) did.
     pub validate: Option<Reviewed>,
     /// Whether the apiserver would admit the object.
     pub allowed: bool,
     /// The refusal, as the user would read it.
     pub message: Option<String>,
+    /// What the apiserver's own validation refuses in a built-in workload's pod templates
+    /// as the mutating webhook left them (it runs between the two webhooks; stage `all`
+    /// only): each error at its field; the message is then the apiserver's.
+    pub invalid: Vec<crate::apivalidation::FieldError>,
 }
 
 impl Judged {
@@ -73,6 +78,7 @@ pub fn run(
         validate: staged.validate,
         allowed: true,
         message: None,
+        invalid: vec![],
     };
     if let (Some(m), Some(object)) = (&judged.mutate, review.pointer("/request/object")) {
         let mut doc = object.clone();
@@ -81,11 +87,25 @@ pub fn run(
         }
         judged.mutated = Some(doc);
     }
-    if let Some(refused) = [&judged.mutate, &judged.validate]
-        .into_iter()
-        .flatten()
-        .find(|r| !r.response.allowed)
-    {
+    // The apiserver validates a built-in workload's pod templates after the mutating
+    // webhook and before the validating one: what it refuses there, the validating webhook
+    // never sees. Only with both webhooks, as a cluster runs them: one alone is asked for
+    // its own answer (and without the mutation, a template it mends would be refused).
+    let mutation_allowed = judged.mutate.as_ref().is_none_or(|m| m.response.allowed);
+    if stage == Stage::All && mutation_allowed {
+        if let Some(object) = judged.mutated.as_ref() {
+            judged.invalid = apiserver_errors(policy, review, object);
+        }
+    }
+    if let Some(refused) = judged.mutate.as_ref().filter(|r| !r.response.allowed) {
+        judged.allowed = false;
+        judged.message = Some(refused.response.result.message.clone());
+    } else if !judged.invalid.is_empty() {
+        judged.allowed = false;
+        judged.message = Some(invalid_message(review, &judged.invalid));
+        // The apiserver never calls the validating webhook: nothing of it is said.
+        judged.validate = None;
+    } else if let Some(refused) = judged.validate.as_ref().filter(|r| !r.response.allowed) {
         judged.allowed = false;
         judged.message = Some(refused.response.result.message.clone());
     }
@@ -100,6 +120,42 @@ pub fn run(
         }
     }
     Ok(judged)
+}
+
+/// What the apiserver's validation refuses in `object` and its pod templates, for a
+/// workload of a kind the policy lists (the kind as `review` names it; where the templates
+/// are, the policy says).
+fn apiserver_errors(
+    policy: &crate::policy::Policy,
+    review: &Value,
+    object: &Value,
+) -> Vec<crate::apivalidation::FieldError> {
+    let kind = |k: &str| {
+        review
+            .pointer(&format!("/request/kind/{k}"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    };
+    match policy
+        .workloads
+        .kind(kind("group"), kind("version"), kind("kind"))
+    {
+        // Whether tollgate judges workloads or not (`workloads.enabled`): the apiserver
+        // validates them all the same.
+        Some(k) => crate::workload::apiserver_errors(k, object),
+        None => vec![],
+    }
+}
+
+/// The apiserver's refusal of the object of `review` for `errors`.
+fn invalid_message(review: &Value, errors: &[crate::apivalidation::FieldError]) -> String {
+    let at = |p: &str| review.pointer(p).and_then(Value::as_str).unwrap_or("");
+    crate::apivalidation::refusal(
+        at("/request/kind/group"),
+        at("/request/kind/kind"),
+        at("/request/object/metadata/name"),
+        errors,
+    )
 }
 
 /// The CREATE review the apiserver would send for `object` (a Pod, or any object of a kind
@@ -231,5 +287,44 @@ mod tests {
         let all = run(&policy, &Objects::complete(), &review, Stage::All).unwrap();
         assert!(all.allowed, "{:?}", all.message);
         assert!(!all.mutate.unwrap().steps().is_empty());
+    }
+
+    #[test]
+    fn a_gpu_job_is_held_to_the_apiservers_validation_between_the_webhooks() {
+        let policy = Policy::builtin();
+        let job = |annotations: Value| {
+            json!({"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": "train-gpu", "namespace": "ml"},
+                "spec": {"template": {"metadata": {"annotations": annotations}, "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "t", "image": "t",
+                        "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}}}})
+        };
+        let masters = ["system:masters".to_owned()];
+        let review = synthetic_review(&job(json!({})), None, "bob", &[]);
+        let all = run(&policy, &Objects::complete(), &review, Stage::All).unwrap();
+        assert!(all.allowed && all.invalid.is_empty(), "{:?}", all.message);
+        // Opted out: its pods get no limit from tollgate, so neither does its template.
+        let opted = job(json!({"tollgate.dev/opt-out": "true"}));
+        let review = synthetic_review(&opted, None, "alice", &masters);
+        let all = run(&policy, &Objects::complete(), &review, Stage::All).unwrap();
+        assert!(!all.allowed);
+        assert_eq!(
+            all.message.as_deref(),
+            Some("Job.batch \"train-gpu\" is invalid: spec.template.spec.containers[0].resources.limits: Required value: Limit must be set for non overcommitable resources")
+        );
+        assert_eq!(
+            all.invalid[0].field,
+            "spec.template.spec.containers[0].resources.limits"
+        );
+        let mutate = run(&policy, &Objects::complete(), &review, Stage::Mutate).unwrap();
+        assert!(mutate.allowed && mutate.invalid.is_empty());
+        // Workloads left to their pods: tollgate gives the template nothing, and the
+        // apiserver refuses it all the same.
+        let off = Policy::from_text("off", "workloads: {enabled: false}").unwrap();
+        let review = synthetic_review(&job(json!({})), None, "bob", &[]);
+        let all = run(&off, &Objects::complete(), &review, Stage::All).unwrap();
+        assert!(!all.allowed);
+        assert_eq!(all.invalid.len(), 1, "{:?}", all.message);
     }
 }

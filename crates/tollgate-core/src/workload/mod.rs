@@ -16,7 +16,10 @@
 //! validating webhook refuses an approval the mutating webhook would not have left there.
 //! At the pod, `optout` honours a controller's pod only with the approval.
 //!
-//! The mutating webhook changes nothing else in a template: the pods are mutated when
+//! The mutating webhook changes one thing more in a template, where the apiserver
+//! validates templates as pods (the built-in kinds): the limits the apiserver requires of
+//! the template that its pods would get from tollgate's mutation anyway (a GPU requested
+//! without a limit gets limit = request, `fix`). Nothing else: the pods are mutated when
 //! they are created.
 //!
 //! A kind whose templates are not in the workload itself (`from` in its policy entry: a
@@ -35,11 +38,13 @@
 //! a TrainJob's override), `mutating` and `validating` (the two webhooks), `feasibility`
 //! (what the pods ask for in all, against quotas and Kueue), `runtime` (a Trainer runtime
 //! judged itself), `messages` (the words both webhooks share). This face holds the
-//! answers and re-exports what the rest of the engine calls.
+//! answers and re-exports what the rest of the engine calls. `fix`: the limits a built-in
+//! kind's template gets for the apiserver, and what is said where it gets none.
 
 mod approval;
 mod built;
 mod feasibility;
+mod fix;
 mod judging;
 mod messages;
 mod mutating;
@@ -60,6 +65,28 @@ use crate::requester::Requester;
 use crate::validate::Verdict;
 
 pub(crate) use mutating::mutate;
+
+/// What the apiserver's own validation refuses in `object`, a workload of `kind`: its
+/// name, and its pod templates (not for a kind it does not validate as pods: a CRD's): what
+/// `tollgate review` holds the mutated workload to, where the apiserver does.
+pub(crate) fn apiserver_errors(
+    kind: &WorkloadKind,
+    object: &Value,
+) -> Vec<crate::apivalidation::FieldError> {
+    // Every object's name, a CustomResource's too.
+    let mut errors =
+        crate::apivalidation::object_name(&kind.group, &kind.kind, object.get("metadata"));
+    if !fix::validated_by_apiserver(kind) {
+        return errors;
+    }
+    let found: Vec<(String, Option<&Value>)> = template::templates(kind, object)
+        .into_iter()
+        .map(|t| (t.pointer, t.value.get("spec")))
+        .collect();
+    errors.extend(fix::errors_of(&found, object));
+    errors
+}
+
 pub(crate) use runtime::validate_runtime;
 pub(crate) use template::labels_of;
 pub(crate) use validating::validate;
@@ -437,5 +464,139 @@ mod tests {
         assert!(v.allowed);
         assert_eq!(v.verdict, None);
         assert_eq!(v.templates[0].decision, "unchanged");
+    }
+
+    fn gpu_job(annotations: Value) -> Value {
+        json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "train-gpu", "namespace": "ml"},
+            "spec": {"template": {
+                "metadata": {"annotations": annotations},
+                "spec": {"restartPolicy": "Never", "containers": [{"name": "train", "image": "i",
+                    "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}
+            }}
+        })
+    }
+
+    #[test]
+    fn a_gpu_jobs_template_gets_the_limit_its_pods_would_get_once() {
+        let policy = Policy::builtin();
+        let kind = policy.workloads.kind("batch", "v1", "Job").unwrap();
+        let none: Vec<String> = vec![];
+        let job = gpu_job(json!({}));
+        let w = Workload {
+            kind,
+            object: &job,
+            old: None,
+            operation: Operation::Create,
+            who: who("bob", &none),
+        };
+        let m = mutate(&policy, &Offline, &w);
+        let fixed = apply(&job, m.patch.as_deref().unwrap());
+        assert_eq!(
+            fixed.pointer("/spec/template/spec/containers/0/resources"),
+            Some(&json!({"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}})),
+            "only the limit the apiserver requires: cpu and memory are left to the pods"
+        );
+        assert!(
+            m.warnings[0]
+                .contains("set limits nvidia.com/gpu: 1 on container \"train\" (its request)"),
+            "{:?}",
+            m.warnings
+        );
+        assert!(super::apiserver_errors(kind, &fixed).is_empty());
+        let again = Workload {
+            object: &fixed,
+            ..w
+        };
+        let m = mutate(&policy, &Offline, &again);
+        assert!(m.patch.is_none(), "idempotent");
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        // A controller's Job (a JobSet's) gets it too.
+        let jobset = Workload {
+            who: who(
+                "system:serviceaccount:jobset-system:jobset-controller-manager",
+                &none,
+            ),
+            ..w
+        };
+        let m = mutate(&policy, &Offline, &jobset);
+        assert_eq!(apply(&job, m.patch.as_deref().unwrap()), fixed);
+    }
+
+    #[test]
+    fn an_opted_out_gpu_job_is_told_what_the_apiserver_will_refuse() {
+        let policy = Policy::builtin();
+        let kind = policy.workloads.kind("batch", "v1", "Job").unwrap();
+        let masters = vec!["system:masters".to_owned()];
+        let job = gpu_job(json!({"tollgate.dev/opt-out": "true"}));
+        let w = Workload {
+            kind,
+            object: &job,
+            old: None,
+            operation: Operation::Create,
+            who: who("alice", &masters),
+        };
+        let m = mutate(&policy, &Offline, &w);
+        let stamped = apply(&job, m.patch.as_deref().unwrap());
+        assert!(stamped
+            .pointer("/spec/template/spec/containers/0/resources/limits")
+            .is_none());
+        let said = m
+            .warnings
+            .iter()
+            .find(|w| w.contains("the apiserver will refuse it"))
+            .unwrap();
+        assert!(said.contains("Job.batch \"train-gpu\" is invalid: spec.template.spec.containers[0].resources.limits: Required value: Limit must be set for non overcommitable resources"), "{said}");
+        assert!(
+            said.contains(
+                "add to container \"train\": resources: {limits: {nvidia.com/gpu: \"1\"}}"
+            ),
+            "{said}"
+        );
+    }
+
+    #[test]
+    fn hugepages_alone_get_the_cpu_and_memory_their_pods_would_get() {
+        let policy = Policy::builtin();
+        let kind = policy.workloads.kind("apps", "v1", "Deployment").unwrap();
+        let none: Vec<String> = vec![];
+        let gpu_and_pages = json!({"nvidia.com/gpu": "1", "hugepages-2Mi": "4Mi"});
+        let d = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "serve", "namespace": "ml"},
+            "spec": {"selector": {"matchLabels": {"app": "serve"}}, "template": {
+                "metadata": {"labels": {"app": "serve"}},
+                "spec": {"containers": [{"name": "s", "image": "i",
+                    "resources": {"requests": gpu_and_pages, "limits": gpu_and_pages}}]}
+            }}
+        });
+        assert_eq!(
+            super::apiserver_errors(kind, &d)[0].detail,
+            "Forbidden: HugePages require cpu or memory"
+        );
+        let w = Workload {
+            kind,
+            object: &d,
+            old: None,
+            operation: Operation::Create,
+            who: who("bob", &none),
+        };
+        let fixed = apply(&d, mutate(&policy, &Offline, &w).patch.as_deref().unwrap());
+        assert_eq!(
+            fixed.pointer("/spec/template/spec/containers/0/resources/limits"),
+            Some(
+                &json!({"nvidia.com/gpu": "1", "hugepages-2Mi": "4Mi", "cpu": "2", "memory": "4Gi"})
+            )
+        );
+        assert!(super::apiserver_errors(kind, &fixed).is_empty());
+        let again = Workload {
+            object: &fixed,
+            ..w
+        };
+        assert!(
+            mutate(&policy, &Offline, &again).patch.is_none(),
+            "idempotent"
+        );
     }
 }
