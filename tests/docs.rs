@@ -459,22 +459,77 @@ fn blocks(text: &str) -> Vec<Block> {
     out
 }
 
-/// Each shown output against what the command printed: line for line, `...` for any
-/// lines (none or more).
+/// Each shown output against what the command printed: line for line; a line that is
+/// `...` stands for any lines (none or more), and `...` within a line for any text there
+/// (a generated name, the scheduler's count of nodes).
 fn matches_shown(shown: &[String], printed: &str) -> bool {
+    fn line(shown: &str, printed: &str) -> bool {
+        let parts: Vec<&str> = shown.split("...").collect();
+        let (first, last) = (parts[0], parts[parts.len() - 1]);
+        if parts.len() == 1 {
+            return shown == printed;
+        }
+        let Some(mut rest) = printed.strip_prefix(first) else {
+            return false;
+        };
+        for middle in &parts[1..parts.len() - 1] {
+            match rest.find(middle) {
+                Some(i) => rest = &rest[i + middle.len()..],
+                None => return false,
+            }
+        }
+        rest.ends_with(last)
+    }
     fn go(shown: &[String], printed: &[&str]) -> bool {
         match shown.split_first() {
             None => printed.is_empty(),
-            Some((first, rest)) if first == "..." => {
+            Some((first, rest)) if first.trim() == "..." => {
                 (0..=printed.len()).any(|i| go(rest, &printed[i..]))
             }
             Some((first, rest)) => {
-                printed.first().is_some_and(|p| p == first) && go(rest, &printed[1..])
+                printed.first().is_some_and(|p| line(first, p)) && go(rest, &printed[1..])
             }
         }
     }
     let printed: Vec<&str> = printed.lines().collect();
     go(shown, &printed)
+}
+
+/// The output `page` shows for `$ COMMAND` in a ```` ```console cluster ```` block (run
+/// against a cluster, so not by [`run_page`]), held to what a test that ran it against the
+/// real control plane printed (tests/why.rs): `names` are the test's (its namespace, its
+/// node), put back as the page writes them.
+pub(crate) fn holds_example(page: &str, command: &str, printed: &str, names: &[(&str, &str)]) {
+    let text = read(&common::root().join(page));
+    let mut shown: Option<Vec<String>> = None;
+    let mut in_block = false;
+    for l in text.lines() {
+        if l == "```console cluster" {
+            in_block = true;
+        } else if in_block && l == "```" {
+            in_block = false;
+            if shown.is_some() {
+                break;
+            }
+        } else if in_block {
+            match (&mut shown, l.strip_prefix("$ ")) {
+                (None, Some(cmd)) if cmd == command => shown = Some(Vec::new()),
+                (Some(_), Some(_)) => break,
+                (Some(lines), None) => lines.push(l.to_owned()),
+                _ => {}
+            }
+        }
+    }
+    let shown = shown.unwrap_or_else(|| panic!("{page} shows no `$ {command}`"));
+    let mut printed = printed.to_owned();
+    for (from, to) in names {
+        printed = printed.replace(from, to);
+    }
+    assert!(
+        matches_shown(&shown, &printed),
+        "{page}: `{command}` shows\n{}\nbut printed\n{printed}",
+        shown.join("\n")
+    );
 }
 
 /// Runs a page's marked blocks in a scratch directory: files written, commands run by
@@ -529,4 +584,12 @@ fn the_excerpt_rules() {
     assert!(matches_shown(&s(&["a", "...", "b"]), "a\nb\n"));
     assert!(!matches_shown(&s(&["a", "b"]), "a\nb\nc\n"));
     assert!(!matches_shown(&s(&["a", "...", "x"]), "a\nb\n"));
+    assert!(matches_shown(
+        &s(&["  ...", "pods \"x-...\" is ... here"]),
+        "a\npods \"x-1b\" is not here\n"
+    ));
+    assert!(!matches_shown(
+        &s(&["pods \"x-...\" is"]),
+        "pods \"y-1\" is\n"
+    ));
 }
