@@ -593,3 +593,154 @@ fn the_excerpt_rules() {
         "pods \"y-1\" is\n"
     ));
 }
+
+/// The lines of the first ```` ```console run ```` block whose command is `command`.
+fn shown_for(text: &str, command: &str) -> Vec<String> {
+    blocks(text)
+        .into_iter()
+        .find_map(|b| match b {
+            Block::Run(runs) => runs.into_iter().find(|(c, _)| c == command).map(|r| r.1),
+            Block::File(..) => None,
+        })
+        .unwrap_or_else(|| panic!("no `$ {command}`"))
+}
+
+/// Getting started's cluster steps on the real apiserver: `tollgate serve` registered with
+/// deploy/base's webhook configurations (narrowed to a namespace of this test, the
+/// apiserver being shared), the namespace labelled as the page labels team-a, and the
+/// page's `kubectl apply -f` of its files: the Job admitted with the warnings its `tollgate
+/// review` shows (kubectl prints each after `Warning: `), the notebook refused with the
+/// message its review shows, in kubectl's `Error from server (Forbidden)` words.
+#[tokio::test]
+async fn the_getting_started_cluster_steps_do_what_the_page_shows() {
+    let Some(cp) = common::envtest::plane() else {
+        return;
+    };
+    let Some(rendered) = common::rbac::render_if_kubectl("deploy/base") else {
+        return;
+    };
+    let text = read(&common::root().join("docs/getting-started.md"));
+    let admin = cp.client("admin").await;
+    let (dir, ca) = common::process::workdir();
+    let served = tokio::task::spawn_blocking(move || common::process::serve_builtin(dir, ca, &[]))
+        .await
+        .unwrap();
+    let name = format!("docs-{}", std::process::id());
+    for c in common::admission::registration(&rendered, &name, served.addr.port(), &served.ca_pem) {
+        common::apiserver::create(&admin, &c, false)
+            .await
+            .unwrap_or_else(|e| panic!("registering: {}", e.message));
+    }
+    let ns = cp
+        .namespace(
+            "getting-started",
+            &[
+                ("tollgate.dev/enforce", "enabled"),
+                (common::admission::REGISTERED, &name),
+            ],
+        )
+        .await;
+    common::admission::until_reviewed(&admin, &served, &ns).await;
+
+    // The page's files, in the test's namespace instead of team-a.
+    let work = tempfile::tempdir().unwrap();
+    for b in blocks(&text) {
+        if let Block::File(file, body) = b {
+            let body = body.replace("namespace: team-a", &format!("namespace: {ns}"));
+            std::fs::write(work.path().join(file), body).unwrap();
+        }
+    }
+    let applies: Vec<String> = text
+        .split("```sh cluster\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .flat_map(str::lines)
+        .map(|l| l.split('#').next().unwrap().trim().to_owned())
+        .filter(|l| l.starts_with("kubectl apply -f "))
+        .collect();
+    assert_eq!(
+        applies,
+        [
+            "kubectl apply -f train.yaml",
+            "kubectl apply -f notebook.yaml"
+        ]
+    );
+    let apply = |line: &str| {
+        let mut cmd = cp
+            .kubectl("admin")
+            .expect("kubectl, as deploy/base was rendered");
+        cmd.args(line.split_whitespace().skip(1))
+            .current_dir(work.path());
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // The page's console block of what the two print: the Job's, to its `created` line;
+    // then the notebook's.
+    let block: Vec<String> = text
+        .split("```console\nWarning: ")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .map(|b| format!("Warning: {b}"))
+        .expect("the page's block of kubectl's output")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let created = block
+        .iter()
+        .position(|l| l.ends_with(" created"))
+        .expect("the Job's created line");
+
+    let (code, stdout, stderr) = apply(&applies[0]);
+    assert!(
+        matches_shown(&block[..=created], &format!("{stderr}{stdout}")),
+        "{:#?}\nkubectl:\n{stderr}{stdout}",
+        &block[..=created]
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let shown: Vec<String> = shown_for(&text, "tollgate review --local train.yaml")
+        .iter()
+        .filter_map(|l| l.strip_prefix("  - "))
+        .map(|w| format!("Warning: {w}"))
+        .collect();
+    let printed: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("Warning: "))
+        .collect();
+    assert!(!shown.is_empty());
+    assert_eq!(printed, shown, "kubectl's warnings: {stderr}");
+
+    let (code, _, stderr) = apply(&applies[1]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        matches_shown(&block[created + 1..], &stderr),
+        "{:#?}\nkubectl:\n{stderr}",
+        &block[created + 1..]
+    );
+    let shown = shown_for(
+        &text,
+        "tollgate review --local notebook.yaml; echo \"exit status $?\"",
+    );
+    let message: Vec<&str> = shown
+        .iter()
+        .map(String::as_str)
+        .skip_while(|l| !l.is_empty())
+        .skip(1)
+        .take_while(|l| !l.starts_with("exit status"))
+        .collect();
+    let refused = format!(
+        "Error from server (Forbidden): error when creating \"notebook.yaml\": admission webhook \"validate.tollgate.dev\" denied the request: {}",
+        message[0]
+    );
+    assert!(stderr.contains(&refused), "{refused}\nkubectl:\n{stderr}");
+    for line in &message[1..] {
+        assert!(
+            stderr.lines().any(|l| l == *line),
+            "{line:?}\nkubectl:\n{stderr}"
+        );
+    }
+    common::admission::deregister(&admin, &name).await;
+}
