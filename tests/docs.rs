@@ -537,7 +537,11 @@ fn run_page(page: &str) -> usize {
     let mut ran = 0;
     for block in blocks(&text) {
         match block {
-            Block::File(name, body) => std::fs::write(dir.path().join(name), body).unwrap(),
+            Block::File(name, body) => {
+                let file = dir.path().join(name);
+                std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+                std::fs::write(file, body).unwrap();
+            }
             Block::Run(runs) => {
                 for (cmd, shown) in runs {
                     let out = std::process::Command::new("sh")
@@ -566,6 +570,18 @@ fn run_page(page: &str) -> usize {
 fn the_getting_started_commands_print_what_the_page_shows() {
     let ran = run_page("docs/getting-started.md");
     assert!(ran >= 4, "{ran} commands run");
+}
+
+#[test]
+fn the_how_to_commands_print_what_the_pages_show() {
+    for (page, at_least) in [
+        ("docs/howto/pod-security.md", 2),
+        ("docs/howto/ci-with-review.md", 1),
+        ("docs/howto/gpu-sharing.md", 2),
+    ] {
+        let ran = run_page(page);
+        assert!(ran >= at_least, "{page}: {ran} commands run");
+    }
 }
 
 #[test]
