@@ -302,3 +302,27 @@ fn every_metric_reason_verdict_and_audit_category_is_documented() {
         );
     }
 }
+
+/// The README is a front page (issue 48): at most 250 lines, with the Helm install and
+/// its kustomize alternative within the first 120, and the manual in docs/.
+#[test]
+fn the_readme_is_a_front_page() {
+    let text = readme();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() <= 250, "README.md has {} lines", lines.len());
+    for install in [
+        "helm install tollgate deploy/helm/tollgate",
+        "kubectl apply -k deploy/overlays/",
+    ] {
+        let at = lines
+            .iter()
+            .position(|l| l.contains(install))
+            .unwrap_or_else(|| panic!("README.md has no `{install}`"));
+        assert!(at < 120, "`{install}` is on line {}", at + 1);
+    }
+    assert!(text.contains("```mermaid\nflowchart"), "the picture");
+    assert!(
+        text.contains("(docs/README.md)"),
+        "the link to the guide's index"
+    );
+}
