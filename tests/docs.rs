@@ -579,6 +579,7 @@ fn the_how_to_commands_print_what_the_pages_show() {
         ("docs/howto/ci-with-review.md", 1),
         ("docs/howto/gpu-sharing.md", 2),
         ("docs/howto/admission-policy-export.md", 2),
+        ("docs/howto/kueue-and-quota.md", 2),
     ] {
         let ran = run_page(page);
         assert!(ran >= at_least, "{page}: {ran} commands run");
