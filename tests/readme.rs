@@ -62,6 +62,7 @@ fn cli_reference_names_every_flag_of_every_command() {
         "export validating-admission-policy",
         "export mutating-admission-policy",
         "policy",
+        "why",
         "completion",
     ] {
         let section = match cmd {
@@ -77,14 +78,28 @@ fn cli_reference_names_every_flag_of_every_command() {
             .output()
             .unwrap();
         let help = String::from_utf8(out.stdout).unwrap();
+        let mut flags = std::collections::BTreeSet::new();
         for word in help.split_whitespace() {
             let flag = word.trim_matches(|c: char| c == ',' || c == '[' || c == ']');
             if flag.starts_with("--") && flag.len() > 2 && flag != "--help" {
                 let flag = flag.split(['=', '<']).next().unwrap();
+                flags.insert(flag.to_owned());
                 assert!(
                     section.contains(&format!("`{flag}")) || section.contains(&format!(" {flag}")),
                     "docs/reference/cli.md lacks {flag} in its section for `tollgate {cmd}`"
                 );
+            }
+        }
+        // And no option row names a flag the command no longer has.
+        for row in section.lines().filter(|l| l.starts_with("| `-")) {
+            let option = row.split(" | ").next().unwrap();
+            for word in option.split(['`', ' ', ',', ';']) {
+                if word.starts_with("--") {
+                    assert!(
+                        flags.contains(word),
+                        "docs/reference/cli.md's `tollgate {cmd}` lists {word}, which its --help has not"
+                    );
+                }
             }
         }
     }
