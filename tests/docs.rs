@@ -753,3 +753,59 @@ async fn the_getting_started_cluster_steps_do_what_the_page_shows() {
     }
     common::admission::deregister(&admin, &name).await;
 }
+
+/// Every path of the repository the front page and the guide name (in prose or in a
+/// command) exists, and every Helm value they `--set` is one of the chart's values.
+#[test]
+fn the_paths_and_chart_values_the_pages_name_exist() {
+    let values: Value = serde_saphyr::from_str(&read(
+        &common::root().join("deploy/helm/tollgate/values.yaml"),
+    ))
+    .unwrap();
+    let mut missing = Vec::new();
+    for page in pages() {
+        let text = read(&page);
+        for top in [
+            "deploy/",
+            "tests/",
+            "policies/",
+            "crates/",
+            "src/",
+            "benches/",
+            "certs/",
+        ] {
+            for (i, _) in text.match_indices(top) {
+                // A path starts the word: not `../deploy/` (a link, checked apart) nor
+                // `kube-system/...`.
+                if text[..i].ends_with(|c: char| c.is_alphanumeric() || "./-_".contains(c)) {
+                    continue;
+                }
+                let path: String = text[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || "/._-*".contains(*c))
+                    .collect();
+                let path = path.trim_end_matches(['.', '-']);
+                // A glob names goldens by their prefix; `certs/dev/` is what `serve --dev`
+                // writes; `deploy/tollgate` is kubectl's name of the Deployment.
+                let generated = path.starts_with("certs/dev") || path == "deploy/tollgate";
+                if path.contains('*') || generated {
+                    continue;
+                }
+                if !common::root().join(path).exists() {
+                    missing.push(format!("{}: {path}", rel(&page)));
+                }
+            }
+        }
+        for (i, _) in text.match_indices("--set ") {
+            let key: String = text[i + "--set ".len()..]
+                .chars()
+                .take_while(|c| *c != '=' && !c.is_whitespace())
+                .collect();
+            let found = key.split('.').try_fold(&values, |v, k| v.get(k)).is_some();
+            if !found {
+                missing.push(format!("{}: --set {key}: no such value", rel(&page)));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
