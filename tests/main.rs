@@ -15,6 +15,7 @@ mod builtin_policy;
 mod cli;
 mod cluster_context;
 mod deploy;
+mod docs;
 mod e2e;
 mod envtest;
 mod export_apiserver;

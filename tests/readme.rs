@@ -1,9 +1,30 @@
-//! The README is part of the product: its set-up commands and CLI reference must stay true.
+//! The README and the guide are part of the product: the README's set-up commands, and the
+//! command-line reference, the concepts' examples and the audit's JSON finding in docs/,
+//! must stay true. (Links, the other references and the run blocks: tests/docs.rs.)
 
 use crate::common;
 
 fn readme() -> String {
-    std::fs::read_to_string(common::root().join("README.md")).unwrap()
+    doc("README.md")
+}
+
+fn doc(path: &str) -> String {
+    std::fs::read_to_string(common::root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// docs/reference/cli.md: the command-line reference, a `## ` section per command.
+fn cli() -> String {
+    doc("docs/reference/cli.md")
+}
+
+/// The section of the command-line reference for `tollgate CMD`, to the next command's.
+fn cli_section(text: &str, cmd: &str) -> String {
+    let start = text
+        .find(&format!("\n## `tollgate {cmd}"))
+        .unwrap_or_else(|| panic!("docs/reference/cli.md documents {cmd}"));
+    let rest = &text[start + 1..];
+    let end = rest[3..].find("\n## ").map_or(rest.len(), |i| i + 3);
+    rest[..end].to_owned()
 }
 
 #[test]
@@ -27,9 +48,11 @@ fn opens_with_the_two_setup_commands() {
     );
 }
 
+/// Each command's section names every flag of its `--help` (the mutating export shares the
+/// validating one's options, as its section says).
 #[test]
 fn cli_reference_names_every_flag_of_every_command() {
-    let text = readme();
+    let text = cli();
     for cmd in [
         "serve",
         "review",
@@ -39,25 +62,44 @@ fn cli_reference_names_every_flag_of_every_command() {
         "export validating-admission-policy",
         "export mutating-admission-policy",
         "policy",
+        "why",
         "completion",
     ] {
-        assert!(
-            text.contains(&format!("### `tollgate {cmd}")),
-            "README documents {cmd}"
-        );
+        let section = match cmd {
+            "export mutating-admission-policy" => {
+                let own = cli_section(&text, cmd);
+                assert!(own.contains("Same options as `validating-admission-policy`"));
+                own + &cli_section(&text, "export validating-admission-policy")
+            }
+            _ => cli_section(&text, cmd),
+        };
         let out = common::bin::command()
             .args(cmd.split(' ').chain(["--help"]))
             .output()
             .unwrap();
         let help = String::from_utf8(out.stdout).unwrap();
+        let mut flags = std::collections::BTreeSet::new();
         for word in help.split_whitespace() {
             let flag = word.trim_matches(|c: char| c == ',' || c == '[' || c == ']');
             if flag.starts_with("--") && flag.len() > 2 && flag != "--help" {
                 let flag = flag.split(['=', '<']).next().unwrap();
+                flags.insert(flag.to_owned());
                 assert!(
-                    text.contains(flag),
-                    "README lacks {flag} of `tollgate {cmd}`"
+                    section.contains(&format!("`{flag}")) || section.contains(&format!(" {flag}")),
+                    "docs/reference/cli.md lacks {flag} in its section for `tollgate {cmd}`"
                 );
+            }
+        }
+        // And no option row names a flag the command no longer has.
+        for row in section.lines().filter(|l| l.starts_with("| `-")) {
+            let option = row.split(" | ").next().unwrap();
+            for word in option.split(['`', ' ', ',', ';']) {
+                if word.starts_with("--") {
+                    assert!(
+                        flags.contains(word),
+                        "docs/reference/cli.md's `tollgate {cmd}` lists {word}, which its --help has not"
+                    );
+                }
             }
         }
     }
@@ -65,7 +107,7 @@ fn cli_reference_names_every_flag_of_every_command() {
 
 #[test]
 fn the_curl_example_posts_a_fixture_that_exists() {
-    let text = readme();
+    let text = doc("docs/getting-started.md");
     let path = text
         .split("--data @")
         .nth(1)
@@ -86,12 +128,12 @@ fn serve_without_certificates_names_the_missing_flag() {
     assert!(err.contains("--tls-cert") && err.contains("--dev"), "{err}");
 }
 
-/// The policy section's TollgatePolicy and TollgateProfile are in force together, and
-/// `tollgate policy`'s example prints what the command prints for them.
+/// The concepts' TollgatePolicy and TollgateProfile are in force together, and the
+/// command-line reference's example of `tollgate policy` prints what the command prints
+/// for them.
 #[test]
 fn the_policy_objects_example_is_what_tollgate_policy_prints() {
-    let text = readme();
-    let objects = text
+    let objects = doc("docs/concepts.md")
         .split("```yaml\napiVersion: tollgate.dev/v1alpha1\nkind: TollgatePolicy\n")
         .nth(1)
         .and_then(|s| s.split("```").next())
@@ -100,7 +142,8 @@ fn the_policy_objects_example_is_what_tollgate_policy_prints() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("objects.yaml");
     std::fs::write(&path, &objects).unwrap();
-    let example = text
+    let reference = cli();
+    let example = reference
         .split("$ tollgate policy -f objects.yaml --namespace team-a -o table | grep -v ' built-in$'\n")
         .nth(1)
         .and_then(|s| s.split("```").next())
@@ -129,7 +172,7 @@ fn the_policy_objects_example_is_what_tollgate_policy_prints() {
 /// lists, and each has its section.
 #[test]
 fn the_command_list_names_every_command() {
-    let text = readme();
+    let text = cli();
     let list = text
         .split("`tollgate <")
         .nth(1)
@@ -151,20 +194,23 @@ fn the_command_list_names_every_command() {
     sorted.sort_unstable();
     let mut in_readme = listed.clone();
     in_readme.sort_unstable();
-    assert_eq!(in_readme, sorted, "README's list: {listed:?}");
+    assert_eq!(
+        in_readme, sorted,
+        "docs/reference/cli.md's list: {listed:?}"
+    );
     for c in commands {
         assert!(
-            text.contains(&format!("### `tollgate {c}")),
+            text.contains(&format!("\n## `tollgate {c}")),
             "no section for {c}"
         );
     }
 }
 
-/// The workloads section's refused Deployment is refused by `tollgate review` with the
-/// message the README shows (up to its `...`).
+/// The concepts' refused Deployment is refused by `tollgate review` with the message the
+/// page shows (up to its `...`).
 #[test]
 fn the_workload_refusal_example_is_what_review_says() {
-    let text = readme();
+    let text = doc("docs/concepts.md");
     let section = text
         .split("### Workloads (`POST /validate` and `POST /mutate`)")
         .nth(1)
@@ -180,18 +226,22 @@ fn the_workload_refusal_example_is_what_review_says() {
         .and_then(|s| s.split("...\n```").next())
         .expect("the example refusal");
     let out = common::bin::run(&["review", "-o", "json", "-"], Some(manifest.as_bytes()));
-    assert_eq!(out.status.code(), Some(1), "refused as the README says");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "refused as docs/concepts.md says"
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let message = v[0]["message"].as_str().unwrap();
     assert!(
         message.starts_with(shown),
-        "README:\n{shown}\nreview:\n{message}"
+        "docs/concepts.md:\n{shown}\nreview:\n{message}"
     );
 }
 
 /// Every reason of `tollgate_denials_total` and every verdict of the review log is in
 /// docs/operations.md, and every rule and category of the audit's JSON finding in the
-/// README: a new one does not compile here until it is listed.
+/// command-line reference: a new one does not compile here until it is listed.
 #[test]
 fn every_metric_reason_verdict_and_audit_category_is_documented() {
     use tollgate_core::Rule;
@@ -241,9 +291,9 @@ fn every_metric_reason_verdict_and_audit_category_is_documented() {
             "denial reason {reason}"
         );
     }
-    let text = readme();
+    let text = cli();
     let table = text
-        .split("#### The JSON finding")
+        .split("### The JSON finding")
         .nth(1)
         .expect("the JSON finding's table");
     let line = |field: &str| {
@@ -266,4 +316,28 @@ fn every_metric_reason_verdict_and_audit_category_is_documented() {
             r.category()
         );
     }
+}
+
+/// The README is a front page (issue 48): at most 250 lines, with the Helm install and
+/// its kustomize alternative within the first 120, and the manual in docs/.
+#[test]
+fn the_readme_is_a_front_page() {
+    let text = readme();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() <= 250, "README.md has {} lines", lines.len());
+    for install in [
+        "helm install tollgate deploy/helm/tollgate",
+        "kubectl apply -k deploy/overlays/",
+    ] {
+        let at = lines
+            .iter()
+            .position(|l| l.contains(install))
+            .unwrap_or_else(|| panic!("README.md has no `{install}`"));
+        assert!(at < 120, "`{install}` is on line {}", at + 1);
+    }
+    assert!(text.contains("```mermaid\nflowchart"), "the picture");
+    assert!(
+        text.contains("(docs/README.md)"),
+        "the link to the guide's index"
+    );
 }

@@ -151,6 +151,13 @@ async fn a_pod_the_scheduler_cannot_place() {
     let out = tollgate(&["why", "pod/nine", "-n", &ns], &cp.kubeconfig("admin"));
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    // docs/troubleshooting.md shows this run.
+    crate::docs::holds_example(
+        "docs/troubleshooting.md",
+        "kubectl tollgate why pod/nine -n ml",
+        &text,
+        &[(&ns, "ml")],
+    );
     assert!(
         text.starts_with(&format!("pod {ns}/nine: Pending\n")),
         "{text}"
@@ -288,6 +295,15 @@ async fn a_mutated_running_pod() {
     let out = tollgate(&["why", "pod/bert", "-n", &ns], &cp.kubeconfig("erin"));
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    crate::docs::holds_example(
+        "docs/troubleshooting.md",
+        "kubectl tollgate why pod/bert -n ml",
+        &text,
+        &[
+            (node["metadata"]["name"].as_str().unwrap(), "gpu-0"),
+            (&ns, "ml"),
+        ],
+    );
     assert!(
         text.contains(&format!(
             "changed pod bert (tollgate.dev/applied={applied}):"
@@ -362,6 +378,12 @@ async fn a_job_whose_pods_pod_security_refused() {
     );
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    crate::docs::holds_example(
+        "docs/troubleshooting.md",
+        "kubectl tollgate why job/admin-caps -n ml",
+        &text,
+        &[(&ns, "ml")],
+    );
     assert!(
         text.contains("pods never made (the controller's FailedCreate events):"),
         "{text}"
@@ -430,6 +452,12 @@ async fn a_queued_jobs_kueue_workload() {
     let out = tollgate(&["why", "job", "queued", "-n", &ns], &cp.kubeconfig("erin"));
     let text = stdout(&out);
     assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    crate::docs::holds_example(
+        "docs/troubleshooting.md",
+        "kubectl tollgate why job queued -n ml",
+        &text,
+        &[(&ns, "ml")],
+    );
     assert!(
         text.starts_with(&format!("job {ns}/queued: suspended")),
         "{text}"
