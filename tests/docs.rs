@@ -421,6 +421,19 @@ enum Block {
     Run(Vec<(String, Vec<String>)>),
 }
 
+/// The text of a page's ```` ```yaml file=NAME ```` block, for a test that runs the file
+/// against the real components (tests/node.rs runs getting started's Job on its node).
+pub(crate) fn page_file(page: &str, name: &str) -> String {
+    let text = read(&common::root().join(page));
+    blocks(&text)
+        .into_iter()
+        .find_map(|b| match b {
+            Block::File(n, body) if n == name => Some(body),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{page} has no file {name}"))
+}
+
 fn blocks(text: &str) -> Vec<Block> {
     let mut out = Vec::new();
     let mut lines = text.lines();

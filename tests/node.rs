@@ -668,6 +668,66 @@ async fn training_workloads_run_on_the_node_as_tollgate_made_them() {
     tg.deregister(cp).await;
 }
 
+/// Getting started's GPU Job (docs/getting-started.md's train.yaml, with the tests' image
+/// and a trainer's command in place of its own) on the node, under the built-in policy
+/// where the node's runtime provides the driver (the toolkit's label, as the GPU Operator
+/// sets it): it completes, and the page shows what kubectl and `tollgate why` print then.
+#[tokio::test]
+async fn the_getting_started_job_runs_on_the_node() {
+    let Some(node) = common::node::node() else {
+        return;
+    };
+    let cp = node.cp;
+    // As the way out `why` gives for a missing driver directory says to write it.
+    let policy =
+        "gpu:\n  classes:\n    nvidia:\n      driver: runtime\n      mounts: []\n      env: []\n"
+            .to_owned();
+    let tg = tollgate(node, Some(policy), "node-page").await;
+    let ns = tg.namespace(cp, &[]).await;
+    let mut job: Value = serde_saphyr::from_str(&crate::docs::page_file(
+        "docs/getting-started.md",
+        "train.yaml",
+    ))
+    .expect("the page's train.yaml");
+    job["metadata"]["namespace"] = json!(ns);
+    let trainer = &mut job["spec"]["template"]["spec"]["containers"][0];
+    trainer["image"] = json!(BUSYBOX);
+    trainer["imagePullPolicy"] = json!("Never");
+    trainer["command"] = json!(["/bin/sh", "-c", "echo training; sleep 1; echo done"]);
+    let admin = cp.client("admin").await;
+    common::apiserver::create(&admin, &job, false)
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    completes(node, &ns, "train").await;
+    let pods = kubectl(
+        node,
+        &[
+            "get",
+            "pods",
+            "-n",
+            &ns,
+            "-l",
+            "batch.kubernetes.io/job-name=train",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let names = [(ns.as_str(), "team-a"), (common::node::NAME, "gpu-0")];
+    crate::docs::holds_example(
+        "docs/getting-started.md",
+        "kubectl get pods -n team-a -l batch.kubernetes.io/job-name=train",
+        &pods,
+        &names,
+    );
+    let said = why(node, &ns, "job/train", &[]);
+    crate::docs::holds_example(
+        "docs/getting-started.md",
+        "kubectl tollgate why job/train -n team-a",
+        &said,
+        &names,
+    );
+    tg.deregister(cp).await;
+}
+
 /// A compliant GPU Job at Pod Security `baseline` and `restricted`, with the policy that
 /// mounts the driver: tollgate gives it no hostPath there (the levels forbid one) and a
 /// sidecar the level admits, and it completes.
@@ -789,6 +849,13 @@ async fn a_missing_driver_directory_is_said_in_the_kubelets_words() {
         assert!(pod.contains(said), "why pod/dist-0 says {said:?}:\n{pod}");
     }
     let set = why(node, &ns, "statefulset/dist", &[]);
+    // docs/troubleshooting.md shows this run.
+    crate::docs::holds_example(
+        "docs/troubleshooting.md",
+        "kubectl tollgate why statefulset/dist -n ml",
+        &set,
+        &[(&ns, "ml"), (common::node::NAME, "gpu-0")],
+    );
     assert!(!set.contains("no pods yet"), "its pod is there:\n{set}");
     for said in ["pod dist-0", "FailedMount", "tollgate's driver mount"] {
         assert!(

@@ -620,19 +620,23 @@ fn state(v: &Value, is_pod: bool, pods: usize) -> String {
             parts.push(format!("{n} {k}"));
         }
     }
-    // A StatefulSet's, Deployment's, ReplicaSet's or DaemonSet's counts.
-    for (k, word) in [
-        ("replicas", "replicas"),
-        ("desiredNumberScheduled", "desired"),
-        ("readyReplicas", "ready"),
-        ("numberReady", "ready"),
-        ("availableReplicas", "available"),
-    ] {
-        if let Some(n) = s[k].as_u64() {
-            if n > 0 || k == "readyReplicas" || k == "numberReady" {
-                parts.push(format!("{n} {word}"));
-            }
-        }
+    // A StatefulSet's, Deployment's or ReplicaSet's replicas (a DaemonSet's desired), and
+    // how many are ready: the apiserver leaves a count of 0 out.
+    let wanted = s["replicas"]
+        .as_u64()
+        .map(|n| format!("{n} replica{}", if n == 1 { "" } else { "s" }))
+        .or_else(|| {
+            s["desiredNumberScheduled"]
+                .as_u64()
+                .map(|n| format!("{n} desired"))
+        });
+    if let Some(w) = wanted {
+        parts.push(w);
+        let ready = s["readyReplicas"]
+            .as_u64()
+            .or_else(|| s["numberReady"].as_u64())
+            .unwrap_or(0);
+        parts.push(format!("{ready} ready"));
     }
     if v.pointer("/spec/suspend") == Some(&Value::Bool(true)) {
         parts.push("suspended".into());

@@ -294,8 +294,9 @@ fn ours_volume(policy: &Policy, pod: &Value, volume: &str, f: &mut StartFailure)
         ));
     }
     ways.push(format!(
-        "set `driver: runtime` for gpu.classes.{name} in the policy (a TollgatePolicy or \
-         the policy file) where the runtime provides the driver"
+        "set `driver: runtime` (with `mounts: []` and `env: []`) for gpu.classes.{name} in \
+         the policy (a TollgatePolicy or the policy file) where the runtime provides the \
+         driver"
     ));
     ways.push(format!(
         "install the driver at {host_path} on the node, or point \
