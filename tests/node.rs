@@ -44,6 +44,17 @@ struct Tollgate {
 /// `tollgate serve` with `policy` (None: the built-in policy) and the cluster context on
 /// the node's plane, registered; waits until it is ready.
 async fn tollgate(node: &'static Node, policy: Option<String>, prefix: &str) -> Tollgate {
+    tollgate_with(node, policy, prefix, &[]).await
+}
+
+/// [`tollgate`] with more `serve` flags.
+async fn tollgate_with(
+    node: &'static Node,
+    policy: Option<String>,
+    prefix: &str,
+    extra: &[&str],
+) -> Tollgate {
+    let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
     let Some(rendered) = common::rbac::render_if_kubectl("deploy/base") else {
         panic!("no kubectl to render deploy/base (the node's tests need it)");
     };
@@ -51,7 +62,8 @@ async fn tollgate(node: &'static Node, policy: Option<String>, prefix: &str) -> 
     let kubeconfig = cp.kubeconfig("admin").to_string_lossy().into_owned();
     let served = tokio::task::spawn_blocking(move || {
         let (dir, ca) = common::process::workdir();
-        let args = ["--cluster-context", "on", "--kubeconfig", &kubeconfig];
+        let mut args = vec!["--cluster-context", "on", "--kubeconfig", &kubeconfig];
+        args.extend(extra.iter().map(String::as_str));
         match policy {
             Some(text) => {
                 let path = dir.path().join("node-policy.yaml");
@@ -728,6 +740,55 @@ async fn the_getting_started_job_runs_on_the_node() {
     tg.deregister(cp).await;
 }
 
+/// Issue 47's Job: a GPU requested without a limit, as many training manifests are
+/// written. The apiserver validates the template before any validating webhook, so
+/// tollgate's mutating webhook gives the template the limit it would give the pod (limit =
+/// request), and the Job is created, its pod run and the Job complete.
+#[tokio::test]
+async fn a_gpu_job_without_limits_is_created_and_completes() {
+    let Some(node) = common::node::node() else {
+        return;
+    };
+    let cp = node.cp;
+    let tg = tollgate(node, Some(driver_policy(node)), "node-nolimit").await;
+    let ns = tg.namespace(cp, &[]).await;
+    let admin = cp.client("admin").await;
+    let mut trainer = container(
+        "trainer",
+        json!({"requests": {"cpu": "100m",
+        "memory": "64Mi", "nvidia.com/gpu": "1"}}),
+        "echo trained",
+    );
+    trainer["name"] = json!("trainer");
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "train-gpu", "namespace": ns},
+        "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never",
+            "containers": [trainer]}}}});
+    let stored = common::apiserver::create(&admin, &job, false)
+        .await
+        .unwrap_or_else(|e| panic!("the GPU Job without limits, refused: {}", e.message));
+    assert_eq!(
+        stored.pointer("/spec/template/spec/containers/0/resources/limits/nvidia.com~1gpu"),
+        Some(&json!("1")),
+        "the template's limit, as the pod's would be: {stored}"
+    );
+    completes(node, &ns, "train-gpu").await;
+    let pods = pods_in(
+        node,
+        &ns,
+        "batch.kubernetes.io/job-name=train-gpu",
+        1,
+        &["Succeeded"],
+    )
+    .await;
+    let pod = pod_json(&pods[0]);
+    let name = pod["metadata"]["name"].as_str().unwrap();
+    let out = printed(&logs(node, &ns, name, "trainer"));
+    assert_eq!(out.get("mount").map(String::as_str), Some("ro"), "{out:?}");
+    assert_limited(&pod, "trainer", &out);
+    tg.deregister(cp).await;
+}
+
 /// A compliant GPU Job at Pod Security `baseline` and `restricted`, with the policy that
 /// mounts the driver: tollgate gives it no hostPath there (the levels forbid one) and a
 /// sidecar the level admits, and it completes.
@@ -818,7 +879,14 @@ async fn a_missing_driver_directory_is_said_in_the_kubelets_words() {
         return;
     };
     let cp = node.cp;
-    let tg = tollgate(node, None, "node-nodriver").await;
+    // With the background audit, whose metric counts the pod's start finding.
+    let tg = tollgate_with(
+        node,
+        None,
+        "node-nodriver",
+        &["--audit-interval", "1s", "--metrics-listen", "127.0.0.1:0"],
+    )
+    .await;
     let ns = tg.namespace(cp, &[]).await;
     let admin = cp.client("admin").await;
     let sts = json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -864,6 +932,22 @@ async fn a_missing_driver_directory_is_said_in_the_kubelets_words() {
         );
     }
     audited(node, &ns, "dist-0", "FailedMount").await;
+    let metrics = tg.served.metrics_addr.expect("the server's metrics");
+    until(
+        node,
+        &ns,
+        "tollgate_audit_findings{rule=\"start\"} to count the pod",
+        async || {
+            let samples = common::scrape::parse(&common::net::get_metrics(metrics).await);
+            let n = common::scrape::value(
+                &samples,
+                "tollgate_audit_findings",
+                &[("namespace", &ns), ("rule", "start")],
+            );
+            (n == Some(1.0)).then_some(())
+        },
+    )
+    .await;
     tg.deregister(cp).await;
 }
 
