@@ -39,6 +39,8 @@ const BOUND: Duration = Duration::from_secs(240);
 struct Tollgate {
     served: Served,
     name: String,
+    /// The namespaces made for it, removed (their pods at once) by [`Tollgate::deregister`].
+    namespaces: std::sync::Mutex<Vec<String>>,
 }
 
 /// `tollgate serve` with `policy` (None: the built-in policy) and the cluster context on
@@ -88,7 +90,11 @@ async fn tollgate_with(
             .await
             .unwrap_or_else(|e| panic!("registering {name}: {}", e.message));
     }
-    Tollgate { served, name }
+    Tollgate {
+        served,
+        name,
+        namespaces: Default::default(),
+    }
 }
 
 impl Tollgate {
@@ -102,6 +108,7 @@ impl Tollgate {
         all.push(("tollgate.dev/enforce", "enabled"));
         all.push((common::admission::REGISTERED, &self.name));
         let ns = cp.namespace("node", &all).await;
+        self.namespaces.lock().unwrap().push(ns.clone());
         let admin = cp.client("admin").await;
         // A probe that every Pod Security level admits, so the wait holds at every level.
         let probe = json!({"apiVersion": "v1", "kind": "Pod",
@@ -126,8 +133,20 @@ impl Tollgate {
         ns
     }
 
+    /// Its webhooks removed, and its namespaces with their pods: their GPUs and CPU freed
+    /// at once for the node's next test (a pod's `sleep` as PID 1 would wait out the grace
+    /// period).
     async fn deregister(&self, cp: &common::envtest::ControlPlane) {
-        common::admission::deregister(&cp.client("admin").await, &self.name).await;
+        let admin = cp.client("admin").await;
+        common::admission::deregister(&admin, &self.name).await;
+        let namespaces = self.namespaces.lock().unwrap().clone();
+        let now = kube::api::DeleteParams::default().grace_period(0);
+        for ns in namespaces {
+            let pods = Api::<Pod>::namespaced(admin.clone(), &ns);
+            let _ = pods.delete_collection(&now, &ListParams::default()).await;
+            let all = Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone());
+            let _ = all.delete(&ns, &kube::api::DeleteParams::default()).await;
+        }
     }
 }
 
@@ -424,6 +443,7 @@ async fn training_workloads_run_on_the_node_as_tollgate_made_them() {
     let Some(node) = common::node::node() else {
         return;
     };
+    let _turn = node.turn().await;
     let cp = node.cp;
     let tg = tollgate(node, Some(driver_policy(node)), "node-runs").await;
     let ns = tg.namespace(cp, &[]).await;
@@ -689,6 +709,7 @@ async fn the_getting_started_job_runs_on_the_node() {
     let Some(node) = common::node::node() else {
         return;
     };
+    let _turn = node.turn().await;
     let cp = node.cp;
     // As the way out `why` gives for a missing driver directory says to write it.
     let policy =
@@ -749,6 +770,7 @@ async fn a_gpu_job_without_limits_is_created_and_completes() {
     let Some(node) = common::node::node() else {
         return;
     };
+    let _turn = node.turn().await;
     let cp = node.cp;
     let tg = tollgate(node, Some(driver_policy(node)), "node-nolimit").await;
     let ns = tg.namespace(cp, &[]).await;
@@ -797,6 +819,7 @@ async fn a_compliant_gpu_job_completes_at_baseline_and_restricted() {
     let Some(node) = common::node::node() else {
         return;
     };
+    let _turn = node.turn().await;
     let cp = node.cp;
     let tg = tollgate(node, Some(driver_policy(node)), "node-psa").await;
     let admin = cp.client("admin").await;
@@ -878,6 +901,7 @@ async fn a_missing_driver_directory_is_said_in_the_kubelets_words() {
     let Some(node) = common::node::node() else {
         return;
     };
+    let _turn = node.turn().await;
     let cp = node.cp;
     // With the background audit, whose metric counts the pod's start finding.
     let tg = tollgate_with(
@@ -983,6 +1007,7 @@ async fn a_sidecar_the_node_cannot_start_is_said_in_the_kubelets_words() {
     let Some(node) = common::node::node() else {
         return;
     };
+    let _turn = node.turn().await;
     let cp = node.cp;
     let admin = cp.client("admin").await;
     let cases = [
@@ -1098,11 +1123,7 @@ fn generated(seed: u64) -> Generated {
     let n = 1 + rng.below(3);
     let mut containers = vec![];
     for i in 0..n {
-        let gpus = if rng.chance(50) {
-            1 + rng.below(2) as u32
-        } else {
-            0
-        };
+        let gpus = u32::from(rng.chance(50));
         let name = format!("c{i}");
         let mut c = container(&name, tiny(gpus), "echo done");
         if let Some(s) = secured(&mut rng) {
@@ -1180,6 +1201,7 @@ async fn generated_pods_run_or_why_says_the_kubelets_reason() {
     let Some(node) = common::node::node() else {
         return;
     };
+    let _turn = node.turn().await;
     let cp = node.cp;
     let base: u64 = std::env::var("TOLLGATE_NODE_SEED")
         .ok()

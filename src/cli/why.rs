@@ -978,6 +978,9 @@ fn text(v: &Value) -> String {
             str_at(e, "/object") == format!("pod/{name}")
                 && e["type"] == "Warning"
                 && !failures.iter().any(|f| f["reason"] == e["reason"])
+                // A pod bound to a node was scheduled: the scheduler's earlier refusals
+                // (a node full until another pod ended) are history.
+                && (e["reason"] != "FailedScheduling" || node.is_empty())
         }) {
             out.push_str(&format!(
                 "  {} ({}x, {}): {}\n",

@@ -84,6 +84,17 @@ pub struct Node {
     /// From the node's first process (containerd) to the Node Ready, untainted and offering
     /// its GPUs.
     pub start_to_ready: Duration,
+    /// One test at a time has the node: its two CPUs and eight GPUs are then all the
+    /// test's, so that what one test asserts (a pod scheduled, `why`'s words) is not
+    /// another's contention. Tests of other planes run meanwhile.
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl Node {
+    /// The node, for this test alone until the guard is dropped.
+    pub async fn turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.turn.lock().await
+    }
 }
 
 static NODE: OnceLock<Result<Node, (bool, String)>> = OnceLock::new();
@@ -241,6 +252,7 @@ fn start(cp: &'static ControlPlane) -> Result<Node, (bool, String)> {
         dir,
         sidecar_image,
         start_to_ready,
+        turn: tokio::sync::Mutex::new(()),
     })
 }
 
