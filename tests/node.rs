@@ -365,6 +365,17 @@ fn cpu_quota(q: &str) -> String {
     format!("{}/100000", milli(q) * 100)
 }
 
+/// The container (or init container) `name` of a pod as stored.
+fn container_in<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .chain(pod["spec"]["initContainers"].as_array())
+        .flatten()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container {name}: {pod}"))
+}
+
 /// A container's limits as stored (after tollgate's mutation) and as its cgroup holds
 /// them, the same.
 fn assert_limited(
@@ -372,13 +383,7 @@ fn assert_limited(
     container: &str,
     printed: &std::collections::BTreeMap<String, String>,
 ) {
-    let c = pod["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .chain(pod["spec"]["initContainers"].as_array())
-        .flatten()
-        .find(|c| c["name"] == container)
-        .unwrap_or_else(|| panic!("no container {container}: {pod}"));
+    let c = container_in(pod, container);
     let limits = &c["resources"]["limits"];
     let memory = limits["memory"]
         .as_str()
@@ -403,13 +408,7 @@ fn assert_as_stored(
     container: &str,
     printed: &std::collections::BTreeMap<String, String>,
 ) {
-    let c = pod["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .chain(pod["spec"]["initContainers"].as_array())
-        .flatten()
-        .find(|c| c["name"] == container)
-        .unwrap_or_else(|| panic!("no container {container}: {pod}"));
+    let c = container_in(pod, container);
     let limits = &c["resources"]["limits"];
     if limits["memory"].is_string() && limits["cpu"].is_string() {
         return assert_limited(pod, container, printed);
@@ -775,13 +774,12 @@ async fn a_gpu_job_without_limits_is_created_and_completes() {
     let tg = tollgate(node, Some(driver_policy(node)), "node-nolimit").await;
     let ns = tg.namespace(cp, &[]).await;
     let admin = cp.client("admin").await;
-    let mut trainer = container(
+    let trainer = container(
         "trainer",
         json!({"requests": {"cpu": "100m",
         "memory": "64Mi", "nvidia.com/gpu": "1"}}),
         "echo trained",
     );
-    trainer["name"] = json!("trainer");
     let job = json!({"apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": "train-gpu", "namespace": ns},
         "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never",
@@ -1290,22 +1288,15 @@ async fn generated_pods_run_or_why_says_the_kubelets_reason() {
                     still.push((seed, ns, g));
                     continue;
                 }
-                let hostpath = LEVELS[g.level].is_none();
-                for c in &g.gpu_containers {
-                    let out = printed(&api_logs(&api, &name, c).await);
-                    let want = if hostpath { "ro" } else { "" };
-                    assert_eq!(
-                        out.get("mount").map(String::as_str),
-                        Some(want),
-                        "{what}: {c}: {out:?}"
-                    );
-                    assert_as_stored(&pod, c, &out);
-                }
-                for c in &g.cpu_containers {
+                // The driver's mount in the GPU containers only, read-only, and only where
+                // the level allows a hostPath.
+                let driver = if LEVELS[g.level].is_none() { "ro" } else { "" };
+                let gpu = g.gpu_containers.iter().map(|c| (c, driver));
+                for (c, mount) in gpu.chain(g.cpu_containers.iter().map(|c| (c, ""))) {
                     let out = printed(&api_logs(&api, &name, c).await);
                     assert_eq!(
                         out.get("mount").map(String::as_str),
-                        Some(""),
+                        Some(mount),
                         "{what}: {c}: {out:?}"
                     );
                     assert_as_stored(&pod, c, &out);

@@ -329,18 +329,10 @@ impl Auditor {
                     .or_else(|| e.last_timestamp.as_ref().map(|t| t.0.to_string()))
                     .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()))
                     .unwrap_or_default();
-                let count = e
-                    .series
-                    .as_ref()
-                    .and_then(|s| s.count)
-                    .or(e.count)
-                    .and_then(|c| u64::try_from(c).ok())
-                    .unwrap_or(1);
                 by_uid.entry(uid).or_default().push(OwnedEvent {
                     seen,
                     reason: e.reason.unwrap_or_default(),
                     message: e.message.unwrap_or_default(),
-                    count,
                 });
             }
             match list.metadata.continue_.filter(|c| !c.is_empty()) {
@@ -496,18 +488,19 @@ impl Auditor {
                     // A pod bound and not started: why not, in the kubelet's words (its
                     // statuses, and the namespace's events, listed at the first such pod).
                     let mut start = vec![];
-                    if is_pod && waits_on_its_node(&object) {
-                        if events.is_none() {
-                            events = Some(self.pod_events(&namespace.name).await);
+                    if is_pod {
+                        let mut theirs = vec![];
+                        if waits_on_its_node(&object) {
+                            if events.is_none() {
+                                events = Some(self.pod_events(&namespace.name).await);
+                            }
+                            let uid = object
+                                .pointer("/metadata/uid")
+                                .and_then(serde_json::Value::as_str)
+                                .unwrap_or_default();
+                            theirs = events.as_ref().map(|e| e.of(uid)).unwrap_or_default();
                         }
-                        let uid = object
-                            .pointer("/metadata/uid")
-                            .and_then(serde_json::Value::as_str)
-                            .unwrap_or_default();
-                        let theirs = events.as_ref().map(|e| e.of(uid)).unwrap_or_default();
                         start = start_findings(policy, &object, &theirs);
-                    } else if is_pod {
-                        start = start_findings(policy, &object, &[]);
                     }
                     let mut audited = audit_object(policy, cluster, object);
                     audited.findings.extend(start);
@@ -528,7 +521,6 @@ struct OwnedEvent {
     seen: String,
     reason: String,
     message: String,
-    count: u64,
 }
 
 /// A namespace's pods' Warning events, by the pod's uid.
@@ -543,7 +535,6 @@ impl PodEvents {
             .map(|e| PodEvent {
                 reason: &e.reason,
                 message: &e.message,
-                count: e.count,
             })
             .collect()
     }

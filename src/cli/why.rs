@@ -543,25 +543,14 @@ fn pod_json(p: &Value) -> Value {
 /// Why a pod does not start on its node, in the kubelet's words, and what of it is
 /// tollgate's (the engine's `start_failures`), from its statuses and its Warning events.
 fn start_failures_json(policy: &Policy, pod: &Value, events: &[Value]) -> Value {
-    let uid = str_at(pod, "/metadata/uid");
-    let theirs: Vec<(String, String, u64)> = events
+    let uid = pod.pointer("/metadata/uid").and_then(Value::as_str);
+    let events: Vec<PodEvent<'_>> = events
         .iter()
-        .filter(|e| str_at(e, "/involvedObject/uid") == uid && str_at(e, "/type") == "Warning")
-        .map(|e| {
-            let count = e
-                .pointer("/series/count")
-                .or_else(|| e.pointer("/count"))
-                .and_then(Value::as_u64)
-                .unwrap_or(1);
-            (str_at(e, "/reason"), str_at(e, "/message"), count)
-        })
-        .collect();
-    let events: Vec<PodEvent<'_>> = theirs
-        .iter()
-        .map(|(reason, message, count)| PodEvent {
-            reason,
-            message,
-            count: *count,
+        .filter(|e| e.pointer("/involvedObject/uid").and_then(Value::as_str) == uid)
+        .filter(|e| e.pointer("/type").and_then(Value::as_str) == Some("Warning"))
+        .map(|e| PodEvent {
+            reason: e.pointer("/reason").and_then(Value::as_str).unwrap_or(""),
+            message: e.pointer("/message").and_then(Value::as_str).unwrap_or(""),
         })
         .collect();
     start_failures(policy, pod, &events)

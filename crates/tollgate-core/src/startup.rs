@@ -22,8 +22,6 @@ use crate::policy::{Driver, Policy};
 pub struct PodEvent<'a> {
     pub reason: &'a str,
     pub message: &'a str,
-    /// How often it was seen (the event's `count` or `series.count`).
-    pub count: u64,
 }
 
 /// One reason a pod does not start on its node.
@@ -349,17 +347,14 @@ mod tests {
             PodEvent {
                 reason: "Scheduled",
                 message: "x",
-                count: 1,
             },
             PodEvent {
                 reason: "FailedMount",
                 message,
-                count: 3,
             },
             PodEvent {
                 reason: "FailedMount",
                 message,
-                count: 4,
             },
         ];
         let f = failures(&policy, &gpu_pod(), &events);
@@ -419,7 +414,6 @@ mod tests {
         let events = [PodEvent {
             reason: "FailedMount",
             message: "MountVolume.SetUp failed for volume \"data\" : hostPath type check failed",
-            count: 1,
         }];
         let f = failures(&policy, &pod, &events);
         assert_eq!(f.len(), 2, "{f:?}");
